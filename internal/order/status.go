@@ -1,0 +1,34 @@
+// Package order owns orders and their state machine, and applies a payment:
+// the INIT→PAID compare-and-swap, the account flow and the balance deduction
+// in one MySQL transaction.
+package order
+
+import "errors"
+
+// Status is an order's state. INIT→PAID is the only change paysvc makes.
+type Status string
+
+// The closed set of states.
+const (
+	Init     Status = "INIT"
+	Paid     Status = "PAID"
+	Settled  Status = "SETTLED"
+	Refunded Status = "REFUNDED"
+)
+
+// Applied reports whether a payment took effect on an order in this state.
+func (s Status) Applied() bool { return s == Paid || s == Settled || s == Refunded }
+
+var (
+	// ErrNotFound: no such order yet (its creation may not be visible).
+	// Retryable.
+	ErrNotFound = errors.New("order: not found")
+	// ErrAlreadyPaid: PAID or SETTLED with the same user and amount. A
+	// duplicate: ack.
+	ErrAlreadyPaid = errors.New("order: already paid")
+	// ErrNotPayable: REFUNDED. Terminal.
+	ErrNotPayable = errors.New("order: not payable")
+	// ErrMismatch: the message's user or amount differ from the order's.
+	// Terminal.
+	ErrMismatch = errors.New("order: amount or user mismatch")
+)

@@ -1,0 +1,124 @@
+package order
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paysvc/paysvc/internal/account"
+	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/sqldb"
+)
+
+// Payment is a validated "payment succeeded" message.
+type Payment struct {
+	OrderNo string
+	UserID  int64
+	Amount  money.Cents
+}
+
+// Store reads orders and applies payments.
+type Store struct {
+	db *sqlx.DB
+	// Attempts bounds how often Pay runs its transaction when it hits a
+	// deadlock, a lock wait timeout or a lost connection.
+	Attempts int
+}
+
+// NewStore returns a Store over db.
+func NewStore(db *sqlx.DB) *Store { return &Store{db: db, Attempts: 3} }
+
+// Pay applies p exactly once, in one transaction: order INIT→PAID, a
+// PAY_DEDUCT flow, and the balance deduction.
+//
+// It returns nil when this call applied the payment, and otherwise:
+// ErrAlreadyPaid or account.ErrDuplicateFlow (a duplicate: ack),
+// ErrNotFound, account.ErrInsufficientBalance, account.ErrNoAccount
+// (retryable), ErrNotPayable and ErrMismatch (terminal), an error wrapping
+// sqldb.ErrCommitUnknown (don't ack: re-read), or a database error. Every
+// error leaves nothing changed, except that after ErrCommitUnknown the
+// payment may have been applied.
+func (s *Store) Pay(ctx context.Context, p Payment) error {
+	var err error
+	for attempt := 1; ; attempt++ {
+		err = sqldb.InTx(ctx, s.db, func(tx *sqlx.Tx) error { return pay(ctx, tx, p) })
+		if err == nil || !sqldb.Transient(err) || attempt >= s.Attempts {
+			break
+		}
+		// Deadlock, lock wait timeout or lost connection: the transaction was
+		// rolled back as a whole; run it again after a jittered pause.
+		pause := time.Duration(attempt)*20*time.Millisecond + rand.N(30*time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(pause):
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("order %s: pay: %w", p.OrderNo, err)
+	}
+	return nil
+}
+
+func pay(ctx context.Context, tx *sqlx.Tx, p Payment) error {
+	res, err := tx.ExecContext(ctx,
+		`UPDATE t_order SET status = 'PAID', pay_time = CURRENT_TIMESTAMP(3)
+		 WHERE order_no = ? AND status = 'INIT' AND user_id = ? AND amount = CAST(? AS DECIMAL(18,2))`,
+		p.OrderNo, p.UserID, p.Amount)
+	if err != nil {
+		return fmt.Errorf("mark paid: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("mark paid: %w", err)
+	}
+	if n == 0 {
+		return why(ctx, tx, p)
+	}
+	return account.Deduct(ctx, tx, p.UserID, p.Amount, p.OrderNo)
+}
+
+// why reads the order after the CAS matched no row and says why.
+func why(ctx context.Context, q sqlx.QueryerContext, p Payment) error {
+	var o struct {
+		Status Status      `db:"status"`
+		UserID int64       `db:"user_id"`
+		Amount money.Cents `db:"amount"`
+	}
+	err := sqlx.GetContext(ctx, q, &o, "SELECT status, user_id, amount FROM t_order WHERE order_no = ?", p.OrderNo)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ErrNotFound
+	}
+	if err != nil {
+		return fmt.Errorf("read order: %w", err)
+	}
+	if o.UserID != p.UserID || o.Amount != p.Amount {
+		return fmt.Errorf("%w: order has user %d amount %s, message user %d amount %s (status %s)",
+			ErrMismatch, o.UserID, o.Amount, p.UserID, p.Amount, o.Status)
+	}
+	switch o.Status {
+	case Paid, Settled:
+		return fmt.Errorf("%w (%s)", ErrAlreadyPaid, o.Status)
+	case Refunded:
+		return fmt.Errorf("%w (%s)", ErrNotPayable, o.Status)
+	}
+	return fmt.Errorf("order changed during payment (status %s)", o.Status)
+}
+
+// Status reads an order's status; ErrNotFound if there is no such order.
+func (s *Store) Status(ctx context.Context, orderNo string) (Status, error) {
+	var st Status
+	err := s.db.GetContext(ctx, &st, "SELECT status FROM t_order WHERE order_no = ?", orderNo)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("order %s: %w", orderNo, ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("order %s: read status: %w", orderNo, err)
+	}
+	return st, nil
+}

@@ -1,0 +1,210 @@
+package order_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paysvc/paysvc/internal/account"
+	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/order"
+	"github.com/paysvc/paysvc/internal/sqldb"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+func seed(t *testing.T, db *sqlx.DB, orderNo string, userID int64, amount, balance string) {
+	t.Helper()
+	db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES (?, ?, ?)", orderNo, userID, amount)
+	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (?, ?) ON DUPLICATE KEY UPDATE balance = VALUES(balance)", userID, balance)
+}
+
+type state struct {
+	Status  order.Status
+	Balance money.Cents
+	Flows   int
+	Sum     money.Cents
+}
+
+func read(t *testing.T, db *sqlx.DB, orderNo string, userID int64) state {
+	t.Helper()
+	var s state
+	if err := db.Get(&s.Status, "SELECT status FROM t_order WHERE order_no = ?", orderNo); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Get(&s.Balance, "SELECT balance FROM t_account WHERE user_id = ?", userID); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow("SELECT COUNT(*), COALESCE(SUM(amount), 0) FROM t_account_flow WHERE biz_no = ? AND type = 'PAY_DEDUCT'", orderNo).Scan(&s.Flows, &s.Sum); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func pay(no string, user int64, amount money.Cents) order.Payment {
+	return order.Payment{OrderNo: no, UserID: user, Amount: amount}
+}
+
+func TestPayAppliesOnce(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	store := order.NewStore(db)
+	ctx := context.Background()
+	seed(t, db, "P1", 7, "199.00", "500.00")
+
+	if err := store.Pay(ctx, pay("P1", 7, 19900)); err != nil {
+		t.Fatalf("first Pay: %v", err)
+	}
+	want := state{Status: order.Paid, Balance: 30100, Flows: 1, Sum: -19900}
+	if got := read(t, db, "P1", 7); got != want {
+		t.Fatalf("after first Pay: %+v, want %+v", got, want)
+	}
+	err := store.Pay(ctx, pay("P1", 7, 19900))
+	if !errors.Is(err, order.ErrAlreadyPaid) {
+		t.Fatalf("second Pay: %v, want ErrAlreadyPaid", err)
+	}
+	if got := read(t, db, "P1", 7); got != want {
+		t.Fatalf("after second Pay: %+v, want %+v", got, want)
+	}
+}
+
+// The CAS guard on its own: an order already PAID (without a flow, as a legacy
+// path could leave it) is never charged again.
+func TestPayCASRefusesPaidOrder(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	seed(t, db, "P2", 7, "10.00", "100.00")
+	db.MustExec("UPDATE t_order SET status = 'PAID' WHERE order_no = 'P2'")
+	err := order.NewStore(db).Pay(context.Background(), pay("P2", 7, 1000))
+	if !errors.Is(err, order.ErrAlreadyPaid) {
+		t.Fatalf("Pay: %v, want ErrAlreadyPaid", err)
+	}
+	want := state{Status: order.Paid, Balance: 10000}
+	if got := read(t, db, "P2", 7); got != want {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+}
+
+// The unique index on its own: a second PAY_DEDUCT flow for one biz_no is
+// refused, whatever the order says.
+func TestDeductUniqueIndexRefusesSecondFlow(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	ctx := context.Background()
+	seed(t, db, "P3", 7, "10.00", "100.00")
+	deduct := func() error {
+		return sqldb.InTx(ctx, db, func(tx *sqlx.Tx) error { return account.Deduct(ctx, tx, 7, 1000, "P3") })
+	}
+	if err := deduct(); err != nil {
+		t.Fatal(err)
+	}
+	if err := deduct(); !errors.Is(err, account.ErrDuplicateFlow) {
+		t.Fatalf("second Deduct: %v, want ErrDuplicateFlow", err)
+	}
+	if got := read(t, db, "P3", 7); got.Flows != 1 || got.Balance != 9000 {
+		t.Fatalf("got %+v, want one flow and balance 90.00", got)
+	}
+}
+
+// The conditional update on its own: a balance that does not cover the
+// amount rolls back everything.
+func TestPayInsufficientBalanceChangesNothing(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	seed(t, db, "P4", 7, "199.00", "198.99")
+	err := order.NewStore(db).Pay(context.Background(), pay("P4", 7, 19900))
+	if !errors.Is(err, account.ErrInsufficientBalance) {
+		t.Fatalf("Pay: %v, want ErrInsufficientBalance", err)
+	}
+	want := state{Status: order.Init, Balance: 19899}
+	if got := read(t, db, "P4", 7); got != want {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+}
+
+func TestPayErrors(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	store := order.NewStore(db)
+	seed(t, db, "E1", 1, "50.00", "100.00")
+	seed(t, db, "E2", 2, "50.00", "100.00")
+	db.MustExec("UPDATE t_order SET status = 'REFUNDED' WHERE order_no = 'E2'")
+	db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('E3', 3, 5.00)")
+	seed(t, db, "E4", 4, "50.00", "100.00")
+	db.MustExec("UPDATE t_order SET status = 'SETTLED' WHERE order_no = 'E4'")
+
+	tests := []struct {
+		name string
+		p    order.Payment
+		want error
+	}{
+		{"missing order", pay("NOPE", 1, 5000), order.ErrNotFound},
+		{"other user", pay("E1", 99, 5000), order.ErrMismatch},
+		{"other amount", pay("E1", 1, 5001), order.ErrMismatch},
+		{"refunded", pay("E2", 2, 5000), order.ErrNotPayable},
+		{"no account", pay("E3", 3, 500), account.ErrNoAccount},
+		{"settled", pay("E4", 4, 5000), order.ErrAlreadyPaid},
+		{"settled, other amount", pay("E4", 4, 1), order.ErrMismatch},
+	}
+	for _, tt := range tests {
+		if err := store.Pay(context.Background(), tt.p); !errors.Is(err, tt.want) {
+			t.Errorf("%s: Pay = %v, want %v", tt.name, err, tt.want)
+		}
+	}
+	var flows int
+	db.Get(&flows, "SELECT COUNT(*) FROM t_account_flow")
+	var inits int
+	db.Get(&inits, "SELECT COUNT(*) FROM t_order WHERE order_no IN ('E1','E3') AND status = 'INIT'")
+	if flows != 0 || inits != 2 {
+		t.Fatalf("errors changed data: %d flows, %d INIT orders (want 0, 2)", flows, inits)
+	}
+}
+
+// Amounts stay exact at the edge of DECIMAL(18,2), where double precision
+// arithmetic would round.
+func TestPayExactAtScale(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	seed(t, db, "BIG", 9, "0.01", "9999999999999999.99")
+	if err := order.NewStore(db).Pay(context.Background(), pay("BIG", 9, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, db, "BIG", 9).Balance; got != money.Max-1 {
+		t.Fatalf("balance %s, want %s", got, money.Max-1)
+	}
+}
+
+// Twenty goroutines settle the same order: exactly one wins.
+func TestPayRaceOneWinner(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	store := order.NewStore(db)
+	seed(t, db, "RACE", 5, "1.00", "1000.00")
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- store.Pay(context.Background(), pay("RACE", 5, 100))
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	wins := 0
+	for err := range errs {
+		switch {
+		case err == nil:
+			wins++
+		case errors.Is(err, order.ErrAlreadyPaid), errors.Is(err, account.ErrDuplicateFlow):
+		default:
+			t.Errorf("unexpected error: %v", err)
+		}
+	}
+	want := state{Status: order.Paid, Balance: 99900, Flows: 1, Sum: -100}
+	if got := read(t, db, "RACE", 5); wins != 1 || got != want {
+		t.Fatalf("%d winners, state %+v; want 1 winner, %+v", wins, got, want)
+	}
+}

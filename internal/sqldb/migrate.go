@@ -1,0 +1,160 @@
+package sqldb
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Migration is one embedded NNNN_name.sql file.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+// LoadMigrations reads the *.sql files of fsys, sorted by version.
+func LoadMigrations(fsys fs.FS) ([]Migration, error) {
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var ms []Migration
+	for _, name := range names {
+		prefix, _, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(prefix)
+		if !ok || err != nil || v <= 0 {
+			return nil, fmt.Errorf("migration %s: name must be NNNN_name.sql", name)
+		}
+		body, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, Migration{Version: v, Name: strings.TrimSuffix(path.Base(name), ".sql"), SQL: string(body)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
+	for i := 1; i < len(ms); i++ {
+		if ms[i].Version == ms[i-1].Version {
+			return nil, fmt.Errorf("migrations %s and %s share version %d", ms[i-1].Name, ms[i].Name, ms[i].Version)
+		}
+	}
+	return ms, nil
+}
+
+// statements splits a migration into statements: each ends with ';' at the
+// end of a line; whole-line '--' comments are dropped.
+func statements(sqlText string) []string {
+	var out []string
+	var cur strings.Builder
+	for _, line := range strings.Split(sqlText, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "" || strings.HasPrefix(trimmed, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteByte('\n')
+		if strings.HasSuffix(trimmed, ";") {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+			cur.Reset()
+		}
+	}
+	if s := strings.TrimSpace(cur.String()); s != "" {
+		out = append(out, s)
+	}
+	return out
+}
+
+const createVersions = `CREATE TABLE IF NOT EXISTS schema_migrations (
+  version    INT          NOT NULL,
+  name       VARCHAR(255) NOT NULL,
+  applied_at DATETIME(3)  NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+  PRIMARY KEY (version)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
+
+// Migrate applies the migrations not yet recorded in schema_migrations, one
+// at a time, under a named lock so that replicas starting together do not
+// race. It is safe to re-run. It returns the names it applied, then checks the
+// schema's guards (CheckSchema).
+func Migrate(ctx context.Context, db *sqlx.DB, ms []Migration) ([]string, error) {
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	var got int
+	if err := conn.GetContext(ctx, &got, "SELECT COALESCE(GET_LOCK('paysvc.migrate', 60), 0)"); err != nil {
+		return nil, fmt.Errorf("migrate lock: %w", err)
+	}
+	if got != 1 {
+		return nil, fmt.Errorf("migrate lock: another migration holds 'paysvc.migrate'")
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK('paysvc.migrate')")
+
+	if _, err := conn.ExecContext(ctx, createVersions); err != nil {
+		return nil, fmt.Errorf("create schema_migrations: %w", err)
+	}
+	applied := map[int]bool{}
+	var versions []int
+	if err := conn.SelectContext(ctx, &versions, "SELECT version FROM schema_migrations"); err != nil {
+		return nil, err
+	}
+	for _, v := range versions {
+		applied[v] = true
+	}
+	var done []string
+	for _, m := range ms {
+		if applied[m.Version] {
+			continue
+		}
+		for _, stmt := range statements(m.SQL) {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				return done, fmt.Errorf("migration %s: %w", m.Name, err)
+			}
+		}
+		if _, err := conn.ExecContext(ctx, "INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.Name); err != nil {
+			return done, fmt.Errorf("migration %s: record version: %w", m.Name, err)
+		}
+		done = append(done, m.Name)
+	}
+	return done, CheckSchema(ctx, db, ms)
+}
+
+// CheckSchema verifies that every migration is applied and that the last
+// wall against double charges stands: the unique index over
+// t_account_flow(biz_no, type). paysvc refuses to run without it.
+func CheckSchema(ctx context.Context, db *sqlx.DB, ms []Migration) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var versions []int
+	if err := db.SelectContext(ctx, &versions, "SELECT version FROM schema_migrations"); err != nil {
+		return fmt.Errorf("schema: %w (run `paysvc migrate`)", err)
+	}
+	have := map[int]bool{}
+	for _, v := range versions {
+		have[v] = true
+	}
+	for _, m := range ms {
+		if !have[m.Version] {
+			return fmt.Errorf("schema: migration %s is not applied (run `paysvc migrate`)", m.Name)
+		}
+	}
+	var cols []string
+	err := db.SelectContext(ctx, &cols, `SELECT column_name FROM information_schema.statistics
+		WHERE table_schema = DATABASE() AND table_name = 't_account_flow'
+		  AND index_name = 'uk_biz_no_type' AND non_unique = 0
+		ORDER BY seq_in_index`)
+	if err != nil {
+		return fmt.Errorf("schema: %w", err)
+	}
+	if strings.Join(cols, ",") != "biz_no,type" {
+		return fmt.Errorf("schema: t_account_flow lacks UNIQUE uk_biz_no_type(biz_no, type) (found %v): duplicate payments would not be refused", cols)
+	}
+	return nil
+}

@@ -1,0 +1,157 @@
+// Package testenv gives integration tests isolated resources on the real
+// servers: a fresh MySQL database with the real migrations, a fresh RabbitMQ
+// vhost, a Redis key prefix. Everything is removed when the test ends.
+//
+// The servers default to loopback and can be moved with PAYSVC_TEST_MYSQL_DSN
+// (a DSN without database), PAYSVC_TEST_AMQP_URL (without vhost) and
+// PAYSVC_TEST_REDIS_ADDR. An unreachable server fails the test: it never skips.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/paysvc/paysvc/internal/sqldb"
+	"github.com/paysvc/paysvc/migrations"
+)
+
+func env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// Name returns a short unique name for t, safe as a database, vhost or key
+// prefix component.
+func Name(t testing.TB) string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	base := strings.ToLower(regexp.MustCompile(`[^A-Za-z0-9]+`).ReplaceAllString(t.Name(), "_"))
+	if len(base) > 40 {
+		base = base[len(base)-40:]
+	}
+	return "pt_" + strings.Trim(base, "_") + "_" + hex.EncodeToString(b)
+}
+
+// MySQL creates a database, applies the migrations, and returns its DSN and
+// an open pool. The database is dropped at cleanup.
+func MySQL(t testing.TB) (string, *sqlx.DB) {
+	t.Helper()
+	root := env("PAYSVC_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/")
+	cfg, err := mysql.ParseDSN(root)
+	if err != nil {
+		t.Fatalf("PAYSVC_TEST_MYSQL_DSN: %v", err)
+	}
+	name := Name(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := sqldb.Open(ctx, cfg.FormatDSN(), 2)
+	if err != nil {
+		t.Fatalf("mysql unreachable (start it: scripts/ensure-services.sh): %v", err)
+	}
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE `"+name+"`"); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() {
+		admin.Exec("DROP DATABASE IF EXISTS `" + name + "`")
+		admin.Close()
+	})
+	cfg.DBName = name
+	dsn := cfg.FormatDSN()
+	db, err := sqldb.Open(ctx, dsn, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ms, err := sqldb.LoadMigrations(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sqldb.Migrate(ctx, db, ms); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return dsn, db
+}
+
+// AMQP creates a vhost that guest may use and returns its URL. The vhost,
+// with its queues, is deleted at cleanup.
+func AMQP(t testing.TB) string {
+	t.Helper()
+	base := env("PAYSVC_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatalf("PAYSVC_TEST_AMQP_URL: %v", err)
+	}
+	user := "guest"
+	if u.User != nil {
+		user = u.User.Username()
+	}
+	vhost := Name(t)
+	rabbitmqctl(t, "add_vhost", vhost)
+	t.Cleanup(func() { rabbitmqctl(t, "delete_vhost", vhost) })
+	rabbitmqctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+	u.Path = "/" + vhost
+	return u.String()
+}
+
+func rabbitmqctl(t testing.TB, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// RedisAddr is the Redis server the tests use.
+func RedisAddr() string { return env("PAYSVC_TEST_REDIS_ADDR", "127.0.0.1:6379") }
+
+// Redis returns a client and a key prefix of the test's own; the prefix's keys
+// are deleted at cleanup.
+func Redis(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: RedisAddr()})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("redis unreachable (start it: scripts/ensure-services.sh): %v", err)
+	}
+	prefix := Name(t) + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+		rdb.Close()
+	})
+	return rdb, prefix
+}
+
+// Eventually polls cond every 20ms until it returns true or the deadline
+// passes, then fails the test with msg.
+func Eventually(t testing.TB, within time.Duration, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", within, fmt.Sprintf(msg, args...))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
