@@ -11,6 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/paysvc/paysvc/internal/account"
+	"github.com/paysvc/paysvc/internal/fault"
 	"github.com/paysvc/paysvc/internal/money"
 	"github.com/paysvc/paysvc/internal/sqldb"
 )
@@ -78,13 +79,28 @@ func pay(ctx context.Context, tx *sqlx.Tx, p Payment) error {
 		return fmt.Errorf("mark paid: %w", err)
 	}
 	if n == 0 {
-		return why(ctx, tx, p)
+		if err := check(ctx, tx, p); err != nil {
+			return err
+		}
+		return errors.New("order changed during payment")
 	}
+	fault.Point("mid_transaction")
 	return account.Deduct(ctx, tx, p.UserID, p.Amount, p.OrderNo)
 }
 
-// why reads the order after the CAS matched no row and says why.
-func why(ctx context.Context, q sqlx.QueryerContext, p Payment) error {
+// Check reads the order and says whether p could be applied to it now,
+// without changing anything: nil if the order is INIT with p's user and
+// amount, else the error Pay would return (ErrAlreadyPaid, ErrNotFound,
+// ErrMismatch, ErrNotPayable or a database error).
+func (s *Store) Check(ctx context.Context, p Payment) error {
+	if err := check(ctx, s.db, p); err != nil {
+		return fmt.Errorf("order %s: check: %w", p.OrderNo, err)
+	}
+	return nil
+}
+
+// check reads the order and says why p cannot be applied, or nil.
+func check(ctx context.Context, q sqlx.QueryerContext, p Payment) error {
 	var o struct {
 		Status Status      `db:"status"`
 		UserID int64       `db:"user_id"`
@@ -106,9 +122,14 @@ func why(ctx context.Context, q sqlx.QueryerContext, p Payment) error {
 		return fmt.Errorf("%w (%s)", ErrAlreadyPaid, o.Status)
 	case Refunded:
 		return fmt.Errorf("%w (%s)", ErrNotPayable, o.Status)
+	case Init:
+		return nil
 	}
-	return fmt.Errorf("order changed during payment (status %s)", o.Status)
+	return fmt.Errorf("order has unknown status %q", o.Status)
 }
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 
 // Status reads an order's status; ErrNotFound if there is no such order.
 func (s *Store) Status(ctx context.Context, orderNo string) (Status, error) {

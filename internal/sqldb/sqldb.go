@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 	"time"
 
@@ -107,6 +108,11 @@ func IsDeadlock(err error) bool {
 // query, or a server that is shutting down or read-only: the server, not the
 // data, is the problem.
 func IsConnection(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		// Our own deadline, not the server's fault: context.DeadlineExceeded
+		// would otherwise pass for a net.Error below.
+		return false
+	}
 	switch code(err) {
 	case errServerShutdown, errQueryKilled, errConnKilled, errReadOnly, errReadOnlyTx:
 		return true
@@ -129,4 +135,37 @@ func Transient(err error) bool {
 		return false
 	}
 	return IsDeadlock(err) || IsConnection(err)
+}
+
+// DB is the pool type the stores use.
+type DB = sqlx.DB
+
+// CreateDatabase creates the DSN's database if it does not exist.
+func CreateDatabase(ctx context.Context, dsn string) error {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return fmt.Errorf("mysql dsn: %w", err)
+	}
+	name := cfg.DBName
+	if name == "" {
+		return errors.New("mysql dsn: no database name")
+	}
+	cfg.DBName = ""
+	db, err := Open(ctx, cfg.FormatDSN(), 1)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var n int
+	if err := db.GetContext(ctx, &n, "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?", name); err != nil {
+		return fmt.Errorf("look up database %s: %w", name, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	quoted := "`" + strings.ReplaceAll(name, "`", "``") + "`"
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS "+quoted+" DEFAULT CHARACTER SET utf8mb4"); err != nil {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	return nil
 }

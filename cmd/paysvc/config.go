@@ -1,0 +1,346 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/spf13/viper"
+)
+
+// Config is paysvc's whole configuration: config.yaml, then environment
+// variables PAYSVC_<SECTION>_<KEY> (or PAYSVC_<SECTION>_<KEY>_FILE naming a
+// file that holds the value), over the defaults below.
+type Config struct {
+	AMQP struct {
+		URL          string
+		Prefetch     int
+		Workers      int
+		DrainTimeout time.Duration
+	}
+	MySQL struct {
+		DSN          string
+		MaxOpenConns int
+	}
+	Redis struct {
+		Addr     string
+		Password string
+		DB       int
+	}
+	Idempotent struct {
+		KeyPrefix     string
+		TTL           time.Duration
+		Lease         time.Duration
+		RedisFallback string
+	}
+	Retry struct {
+		Delays      []time.Duration
+		MaxAttempts int
+	}
+	HTTP struct{ Addr string }
+	Log  struct{ Level, Format string }
+}
+
+// defaults holds every key, spelled as in config.yaml, with its default.
+var defaults = []struct {
+	key string
+	val any
+}{
+	{"amqp.url", "amqp://127.0.0.1:5672/"},
+	{"amqp.prefetch", 64},
+	{"amqp.workers", 32},
+	{"amqp.drainTimeout", "30s"},
+	{"mysql.dsn", "root@tcp(127.0.0.1:3306)/paysvc"},
+	{"mysql.maxOpenConns", 32},
+	{"redis.addr", "127.0.0.1:6379"},
+	{"redis.password", ""},
+	{"redis.db", 0},
+	{"idempotent.keyPrefix", "mq:consumed:pay_success:"},
+	{"idempotent.ttl", "24h"},
+	{"idempotent.lease", "60s"},
+	{"idempotent.redisFallback", "CLOSED"},
+	{"retry.delays", []any{"30s", "1m", "5m"}},
+	{"retry.maxAttempts", 5},
+	{"http.addr", "127.0.0.1:8080"},
+	{"log.level", "info"},
+	{"log.format", "json"},
+}
+
+// envName is the environment variable for a key: amqp.url → PAYSVC_AMQP_URL.
+func envName(key string) string {
+	return "PAYSVC_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// loadConfig reads path (required only if mustExist), applies the
+// environment, and validates. Every problem is reported, naming its key.
+func loadConfig(path string, mustExist bool, env map[string]string) (*Config, error) {
+	v := viper.New()
+	for _, d := range defaults {
+		v.SetDefault(d.key, d.val)
+	}
+	v.SetConfigFile(path)
+	v.SetConfigType("yaml")
+	if err := v.ReadInConfig(); err != nil {
+		var notFound viper.ConfigFileNotFoundError
+		if mustExist || !(errors.As(err, &notFound) || errors.Is(err, os.ErrNotExist)) {
+			return nil, fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+
+	var errs []error
+	known := map[string]bool{}
+	knownEnv := map[string]bool{}
+	for _, d := range defaults {
+		known[strings.ToLower(d.key)] = true
+		name := envName(d.key)
+		knownEnv[name], knownEnv[name+"_FILE"] = true, true
+		val, ok := env[name]
+		if file, fok := env[name+"_FILE"]; fok {
+			if ok {
+				errs = append(errs, fmt.Errorf("%s: set both %s and %s_FILE", d.key, name, name))
+			}
+			b, err := os.ReadFile(file)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %s_FILE: %w", d.key, name, err))
+				continue
+			}
+			val, ok = strings.TrimRight(string(b), "\r\n"), true
+		}
+		if ok {
+			v.Set(d.key, val)
+		}
+	}
+	for _, k := range v.AllKeys() {
+		if !known[k] {
+			errs = append(errs, fmt.Errorf("%s: unknown key", k))
+		}
+	}
+	for name := range env {
+		if strings.HasPrefix(name, "PAYSVC_") && !knownEnv[name] &&
+			!strings.HasPrefix(name, "PAYSVC_TEST_") && !strings.HasPrefix(name, "PAYSVC_FAULT_") {
+			errs = append(errs, fmt.Errorf("%s: unknown environment variable", name))
+		}
+	}
+
+	d := decoder{v: v}
+	var c Config
+	c.AMQP.URL = d.str("amqp.url")
+	c.AMQP.Prefetch = d.int("amqp.prefetch")
+	c.AMQP.Workers = d.int("amqp.workers")
+	c.AMQP.DrainTimeout = d.duration("amqp.drainTimeout")
+	c.MySQL.DSN = d.str("mysql.dsn")
+	c.MySQL.MaxOpenConns = d.int("mysql.maxOpenConns")
+	c.Redis.Addr = d.str("redis.addr")
+	c.Redis.Password = d.str("redis.password")
+	c.Redis.DB = d.int("redis.db")
+	c.Idempotent.KeyPrefix = d.str("idempotent.keyPrefix")
+	c.Idempotent.TTL = d.duration("idempotent.ttl")
+	c.Idempotent.Lease = d.duration("idempotent.lease")
+	c.Idempotent.RedisFallback = strings.ToUpper(d.str("idempotent.redisFallback"))
+	c.Retry.Delays = d.durations("retry.delays")
+	c.Retry.MaxAttempts = d.int("retry.maxAttempts")
+	c.HTTP.Addr = d.str("http.addr")
+	c.Log.Level = strings.ToLower(d.str("log.level"))
+	c.Log.Format = strings.ToLower(d.str("log.format"))
+	errs = append(errs, d.errs...)
+	errs = append(errs, c.validate()...)
+	if len(errs) > 0 {
+		slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+		return nil, fmt.Errorf("invalid configuration:\n%w", errors.Join(errs...))
+	}
+	return &c, nil
+}
+
+// validate checks values; each problem names its key.
+func (c *Config) validate() []error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{key}, args...)...))
+	}
+	if u, err := url.Parse(c.AMQP.URL); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
+		bad("amqp.url", "want amqp://[user:password@]host:port/vhost or amqps://...")
+	}
+	if c.AMQP.Prefetch < 1 || c.AMQP.Prefetch > 65535 {
+		bad("amqp.prefetch", "want 1 to 65535, got %d", c.AMQP.Prefetch)
+	}
+	if c.AMQP.Workers < 1 || c.AMQP.Workers > 4096 {
+		bad("amqp.workers", "want 1 to 4096, got %d", c.AMQP.Workers)
+	}
+	if c.AMQP.DrainTimeout <= 0 {
+		bad("amqp.drainTimeout", "want a positive duration")
+	}
+	if _, err := mysql.ParseDSN(c.MySQL.DSN); err != nil {
+		bad("mysql.dsn", "%v", err)
+	}
+	if c.MySQL.MaxOpenConns < 1 {
+		bad("mysql.maxOpenConns", "want at least 1, got %d", c.MySQL.MaxOpenConns)
+	}
+	if _, _, err := net.SplitHostPort(c.Redis.Addr); err != nil {
+		bad("redis.addr", "want host:port: %v", err)
+	}
+	if c.Redis.DB < 0 {
+		bad("redis.db", "want 0 or more, got %d", c.Redis.DB)
+	}
+	if c.Idempotent.KeyPrefix == "" {
+		bad("idempotent.keyPrefix", "must not be empty")
+	}
+	if c.Idempotent.TTL < time.Minute {
+		bad("idempotent.ttl", "want at least 1m, got %s", c.Idempotent.TTL)
+	}
+	if c.Idempotent.Lease < 2*time.Second {
+		bad("idempotent.lease", "want at least 2s, got %s", c.Idempotent.Lease)
+	}
+	if f := c.Idempotent.RedisFallback; f != "CLOSED" && f != "OPEN" {
+		bad("idempotent.redisFallback", "want CLOSED or OPEN, got %q", f)
+	}
+	if len(c.Retry.Delays) == 0 {
+		bad("retry.delays", "want at least one delay")
+	}
+	seen := map[time.Duration]bool{}
+	for _, d := range c.Retry.Delays {
+		if d < 100*time.Millisecond || d%time.Millisecond != 0 {
+			bad("retry.delays", "want whole milliseconds of at least 100ms, got %s", d)
+		}
+		if seen[d] {
+			bad("retry.delays", "%s appears twice (one wait queue per delay)", d)
+		}
+		seen[d] = true
+	}
+	if c.Retry.MaxAttempts < 0 {
+		bad("retry.maxAttempts", "want 0 or more, got %d", c.Retry.MaxAttempts)
+	}
+	if c.HTTP.Addr != "" {
+		if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
+			bad("http.addr", "want host:port or empty: %v", err)
+		}
+	}
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
+		bad("log.level", "want debug, info, warn or error, got %q", c.Log.Level)
+	}
+	if c.Log.Format != "json" && c.Log.Format != "console" {
+		bad("log.format", "want json or console, got %q", c.Log.Format)
+	}
+	return errs
+}
+
+// decoder converts viper's loosely typed values (YAML types, or strings from
+// the environment), collecting an error per bad key.
+type decoder struct {
+	v    *viper.Viper
+	errs []error
+}
+
+func (d *decoder) fail(key string, val any, want string) {
+	d.errs = append(d.errs, fmt.Errorf("%s: want %s, got %v", key, want, val))
+}
+
+func (d *decoder) str(key string) string {
+	switch val := d.v.Get(key).(type) {
+	case string:
+		return val
+	case nil:
+		return ""
+	case int, int64, float64, bool:
+		return fmt.Sprint(val)
+	default:
+		d.fail(key, val, "a string")
+		return ""
+	}
+}
+
+func (d *decoder) int(key string) int {
+	switch val := d.v.Get(key).(type) {
+	case int:
+		return val
+	case int64:
+		return int(val)
+	case string:
+		n, err := strconv.Atoi(strings.TrimSpace(val))
+		if err != nil {
+			d.fail(key, strconv.Quote(val), "an integer")
+		}
+		return n
+	default:
+		d.fail(key, val, "an integer")
+		return 0
+	}
+}
+
+func (d *decoder) duration(key string) time.Duration {
+	return d.parseDuration(key, d.v.Get(key))
+}
+
+func (d *decoder) parseDuration(key string, val any) time.Duration {
+	s, ok := val.(string)
+	if !ok {
+		d.fail(key, val, "a duration such as 30s, 1m or 24h")
+		return 0
+	}
+	t, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		d.fail(key, strconv.Quote(s), "a duration such as 30s, 1m or 24h")
+	}
+	return t
+}
+
+// durations reads a YAML list, or a comma-separated string from the
+// environment (PAYSVC_RETRY_DELAYS=1s,2s,3s).
+func (d *decoder) durations(key string) []time.Duration {
+	var items []any
+	switch val := d.v.Get(key).(type) {
+	case []any:
+		items = val
+	case string:
+		for _, s := range strings.Split(val, ",") {
+			items = append(items, s)
+		}
+	default:
+		d.fail(key, val, "a list of durations")
+		return nil
+	}
+	out := make([]time.Duration, 0, len(items))
+	for _, it := range items {
+		out = append(out, d.parseDuration(key, it))
+	}
+	return out
+}
+
+// redacted returns the configuration as log fields, without secrets.
+func (c *Config) redacted() map[string]any {
+	amqpURL := c.AMQP.URL
+	if u, err := url.Parse(amqpURL); err == nil {
+		amqpURL = u.Redacted()
+	}
+	dsn := "(invalid)"
+	if cfg, err := mysql.ParseDSN(c.MySQL.DSN); err == nil {
+		if cfg.Passwd != "" {
+			cfg.Passwd = "xxxxx"
+		}
+		dsn = cfg.FormatDSN()
+	}
+	redisPassword := ""
+	if c.Redis.Password != "" {
+		redisPassword = "xxxxx"
+	}
+	delays := make([]string, len(c.Retry.Delays))
+	for i, d := range c.Retry.Delays {
+		delays[i] = d.String()
+	}
+	return map[string]any{
+		"amqp.url": amqpURL, "amqp.prefetch": c.AMQP.Prefetch, "amqp.workers": c.AMQP.Workers,
+		"amqp.drainTimeout": c.AMQP.DrainTimeout.String(),
+		"mysql.dsn":         dsn, "mysql.maxOpenConns": c.MySQL.MaxOpenConns,
+		"redis.addr": c.Redis.Addr, "redis.password": redisPassword, "redis.db": c.Redis.DB,
+		"idempotent.keyPrefix": c.Idempotent.KeyPrefix, "idempotent.ttl": c.Idempotent.TTL.String(),
+		"idempotent.lease": c.Idempotent.Lease.String(), "idempotent.redisFallback": c.Idempotent.RedisFallback,
+		"retry.delays": delays, "retry.maxAttempts": c.Retry.MaxAttempts,
+		"http.addr": c.HTTP.Addr, "log.level": c.Log.Level, "log.format": c.Log.Format,
+	}
+}

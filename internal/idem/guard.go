@@ -1,0 +1,142 @@
+// Package idem is the fast Redis guard in front of the database: one key per
+// business order number, claimed with an atomic SET NX and a short in-flight
+// lease, turned into a long-lived "done" marker only after the payment's
+// transaction committed, and deleted when processing fails.
+//
+// The guard only saves the database work. It never decides alone that a
+// message may be dropped: Redis loses keys on flush, eviction and failover,
+// and a claim whose reply was lost is retried by the client and then meets
+// its own key. The caller checks the database before it acks on the guard's
+// word.
+package idem
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// State is what a claim found.
+type State int
+
+const (
+	// Claimed: this caller holds the in-flight lease and must call Done after
+	// the commit, or Release when processing fails.
+	Claimed State = iota + 1
+	// Done: the payment was committed before (a "done" marker).
+	Done
+	// InFlight: another holder's lease: a worker still at it, or one that
+	// died. Never ack on this alone.
+	InFlight
+)
+
+func (s State) String() string {
+	switch s {
+	case Claimed:
+		return "claimed"
+	case Done:
+		return "done"
+	case InFlight:
+		return "in_flight"
+	}
+	return "unknown"
+}
+
+const doneValue = "done"
+
+// Config sets the guard's keys and lifetimes.
+type Config struct {
+	KeyPrefix string        // e.g. "mq:consumed:pay_success:"
+	TTL       time.Duration // how long "done" is remembered
+	Lease     time.Duration // how long an in-flight claim lives if never released
+}
+
+// Guard claims and marks order keys.
+type Guard struct {
+	rdb redis.UniversalClient
+	cfg Config
+}
+
+// New returns a Guard over rdb.
+func New(rdb redis.UniversalClient, cfg Config) *Guard { return &Guard{rdb: rdb, cfg: cfg} }
+
+// Claim is a held in-flight lease.
+type Claim struct {
+	Key   string
+	Token string
+}
+
+// claimScript sets the key to our token if it is free and returns the value
+// the key holds afterwards, in one atomic step. A retry of a call whose reply
+// was lost finds its own token, and so still reads as claimed.
+var claimScript = redis.NewScript(`
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return ARGV[1]
+end
+return redis.call('GET', KEYS[1])
+`)
+
+// releaseScript deletes the key only while it holds our token.
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`)
+
+// Key is the Redis key for an order number.
+func (g *Guard) Key(orderNo string) string { return g.cfg.KeyPrefix + orderNo }
+
+// Claim tries to take the order's key. Any error means Redis could not be
+// asked: the caller decides whether to wait (CLOSED) or go on with the
+// database guards alone (OPEN).
+func (g *Guard) Claim(ctx context.Context, orderNo string) (State, Claim, error) {
+	b := make([]byte, 12)
+	rand.Read(b)
+	return g.claim(ctx, orderNo, "inflight:"+hex.EncodeToString(b))
+}
+
+func (g *Guard) claim(ctx context.Context, orderNo, token string) (State, Claim, error) {
+	c := Claim{Key: g.Key(orderNo), Token: token}
+	v, err := claimScript.Run(ctx, g.rdb, []string{c.Key}, token, g.cfg.Lease.Milliseconds()).Text()
+	switch {
+	case errors.Is(err, redis.Nil):
+		// The key vanished between SET and GET: impossible inside a script,
+		// but in-flight is the safe reading.
+		return InFlight, c, nil
+	case err != nil:
+		return 0, c, fmt.Errorf("idem claim %s: %w", c.Key, err)
+	case v == token:
+		return Claimed, c, nil
+	case v == doneValue:
+		return Done, c, nil
+	}
+	return InFlight, c, nil
+}
+
+// Done marks the order's payment committed, for the long TTL. Call it only
+// after the database transaction committed (or proved the payment applied).
+func (g *Guard) Done(ctx context.Context, orderNo string) error {
+	if err := g.rdb.Set(ctx, g.Key(orderNo), doneValue, g.cfg.TTL).Err(); err != nil {
+		return fmt.Errorf("idem done %s: %w", g.Key(orderNo), err)
+	}
+	return nil
+}
+
+// Release deletes the claim if it still holds c's token, so that a retry can
+// claim again. It reports whether a key was deleted.
+func (g *Guard) Release(ctx context.Context, c Claim) (bool, error) {
+	n, err := releaseScript.Run(ctx, g.rdb, []string{c.Key}, c.Token).Int()
+	if err != nil {
+		return false, fmt.Errorf("idem release %s: %w", c.Key, err)
+	}
+	return n == 1, nil
+}
+
+// Ping checks that Redis answers.
+func (g *Guard) Ping(ctx context.Context) error { return g.rdb.Ping(ctx).Err() }

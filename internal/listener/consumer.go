@@ -1,0 +1,456 @@
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/paysvc/paysvc/internal/fault"
+	"github.com/paysvc/paysvc/internal/idem"
+	"github.com/paysvc/paysvc/internal/order"
+)
+
+// Fallback says what happens to messages while Redis cannot be reached.
+type Fallback string
+
+const (
+	// FallbackClosed stops taking messages until Redis answers again; they
+	// wait in the broker and spend no retry attempt.
+	FallbackClosed Fallback = "CLOSED"
+	// FallbackOpen goes on with the database guards alone.
+	FallbackOpen Fallback = "OPEN"
+)
+
+// Config is what the consumer needs to know.
+type Config struct {
+	URL            string        // amqp:// or amqps://, with the vhost
+	ConnectionName string        // shown in the broker's connection list
+	Prefetch       int           // unacked messages the broker may send ahead
+	Workers        int           // goroutines handling deliveries
+	Retry          RetryPolicy   // wait queues and the attempt budget
+	RedisFallback  Fallback      // CLOSED or OPEN
+	HandleTimeout  time.Duration // bound on one message's handling
+	DrainTimeout   time.Duration // bound on finishing in-flight messages at shutdown
+	PublishTimeout time.Duration // bound on one retry/terminal publish and its confirm
+	MaxBackoff     time.Duration // cap on reconnect and dependency-wait backoff
+}
+
+// Consumer consumes q.pay.success until its context ends.
+type Consumer struct {
+	cfg    Config
+	orders *order.Store
+	guard  *idem.Guard
+	log    *zap.Logger
+
+	ready atomic.Bool
+	// redisDownUntil (unix nanos) skips Redis for a while under OPEN after
+	// it failed, instead of paying a timeout on every message.
+	redisDownUntil atomic.Int64
+}
+
+// New returns a Consumer. A nil logger logs nothing.
+func New(cfg Config, orders *order.Store, guard *idem.Guard, log *zap.Logger) *Consumer {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Consumer{cfg: cfg, orders: orders, guard: guard, log: log}
+}
+
+// Ready reports whether the consumer is consuming.
+func (c *Consumer) Ready() bool { return c.ready.Load() }
+
+// pauseError ends a session because a dependency is down.
+type pauseError struct{ class Class }
+
+func (e *pauseError) Error() string { return "paused: " + string(e.class) }
+
+// fatalError is a problem reconnecting cannot fix (a topology mismatch, a
+// refused login); at start-up it stops paysvc, later it is logged and retried.
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
+
+// Run consumes until ctx is cancelled, then drains in-flight messages and
+// returns nil. Lost connections to the broker, Redis or MySQL pause and
+// reconnect with capped backoff; Run never gives up on them. It returns an
+// error only when the first session fails for a reason reconnecting cannot
+// fix, such as a topology that does not match.
+func (c *Consumer) Run(ctx context.Context) error {
+	bo := backoff{max: c.cfg.MaxBackoff}
+	first := true
+	for {
+		if err := c.waitDependencies(ctx, &bo); err != nil {
+			return nil // ctx is done
+		}
+		started := time.Now()
+		err := c.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var fatal *fatalError
+		if first && errors.As(err, &fatal) {
+			return err
+		}
+		first = false
+		if time.Since(started) > time.Minute {
+			bo.reset()
+		}
+		var pause *pauseError
+		if errors.As(err, &pause) {
+			c.log.Warn("consumption paused; waiting for the dependency", zap.String("error_class", string(pause.class)))
+			continue
+		}
+		wait := bo.next()
+		c.log.Error("amqp session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
+		if !sleep(ctx, wait) {
+			return nil
+		}
+	}
+}
+
+// waitDependencies returns once MySQL answers, and Redis too under CLOSED.
+func (c *Consumer) waitDependencies(ctx context.Context, bo *backoff) error {
+	for {
+		ping := func(name string, f func(context.Context) error) error {
+			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			if err := f(pctx); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			return nil
+		}
+		err := ping("mysql", c.orders.Ping)
+		if err == nil && c.cfg.RedisFallback == FallbackClosed {
+			err = ping("redis", c.guard.Ping)
+		}
+		if err == nil {
+			return nil
+		}
+		wait := bo.next()
+		c.log.Warn("dependency unavailable; not consuming", zap.Error(err), zap.Duration("backoff", wait))
+		if !sleep(ctx, wait) {
+			return ctx.Err()
+		}
+	}
+}
+
+// session runs one connection: declare, consume, dispatch to workers, and on
+// the way out cancel the consumer, drain the workers and close. It returns
+// why it ended (nil when ctx was cancelled).
+func (c *Consumer) session(ctx context.Context) error {
+	host, _ := os.Hostname()
+	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Locale:     "en_US",
+		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName},
+	})
+	if err != nil {
+		if errors.Is(err, amqp.ErrCredentials) {
+			return &fatalError{fmt.Errorf("amqp dial: %w", err)}
+		}
+		return fmt.Errorf("amqp dial: %w", err)
+	}
+	defer conn.Close()
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+
+	setup, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("amqp channel: %w", err)
+	}
+	if err := Declare(setup, c.cfg.Retry.Delays); err != nil {
+		return &fatalError{err}
+	}
+	setup.Close()
+
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("amqp channel: %w", err)
+	}
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("amqp qos: %w", err)
+	}
+	tag := fmt.Sprintf("paysvc-%s-%d-%d", host, os.Getpid(), time.Now().UnixNano())
+	deliveries, err := ch.Consume(MainQueue, tag,
+		false, // autoAck: ack only after the outcome is durable
+		false, // exclusive: competing consumers share the queue
+		false, false, nil)
+	if err != nil {
+		return fmt.Errorf("amqp consume: %w", err)
+	}
+
+	// Workers finish what they started even when ctx is cancelled, until the
+	// drain timeout cancels procCtx.
+	procCtx, stopProc := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopProc()
+	work := make(chan amqp.Delivery)
+	pause := make(chan error, 1)
+	var wg sync.WaitGroup
+	for range c.cfg.Workers {
+		wg.Go(func() {
+			pub := newPublisher(conn, c.cfg.PublishTimeout)
+			defer pub.close()
+			for d := range work {
+				c.process(procCtx, pub, d, pause)
+			}
+		})
+	}
+	c.ready.Store(true)
+	c.log.Info("consuming", zap.String("queue", MainQueue), zap.String("consumer_tag", tag),
+		zap.Int("prefetch", c.cfg.Prefetch), zap.Int("workers", c.cfg.Workers))
+
+	reason := dispatch(ctx, deliveries, work, pause, connClosed, chClosed)
+	c.ready.Store(false)
+
+	// Stop intake first, so the broker sends nothing more.
+	cancelled := make(chan struct{})
+	go func() {
+		ch.Cancel(tag, false) // noWait=false: wait for cancel-ok
+		close(cancelled)
+	}()
+	select {
+	case <-cancelled:
+	case <-time.After(5 * time.Second):
+	}
+	close(work)
+	drained := make(chan struct{})
+	go func() { wg.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(c.cfg.DrainTimeout):
+		c.log.Warn("drain timeout: abandoning in-flight messages; the broker will redeliver them",
+			zap.Duration("drain_timeout", c.cfg.DrainTimeout))
+		stopProc()
+		<-drained
+	}
+	// Prefetched messages no worker started are still unacked: closing the
+	// channel puts them back on the queue.
+	ch.Close()
+	return reason
+}
+
+// dispatch hands deliveries to workers until ctx ends, a worker asks for a
+// pause, or the connection, channel or delivery stream ends. A delivery
+// taken but not handed over stays unacked and goes back to the queue when
+// the channel closes.
+func dispatch(ctx context.Context, deliveries <-chan amqp.Delivery, work chan<- amqp.Delivery,
+	pause <-chan error, connClosed, chClosed <-chan *amqp.Error) error {
+	closedErr := func(what string, e *amqp.Error) error {
+		if e == nil {
+			return fmt.Errorf("amqp %s closed", what)
+		}
+		return fmt.Errorf("amqp %s closed: %w", what, e)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-pause:
+			return err
+		case e := <-connClosed:
+			return closedErr("connection", e)
+		case e := <-chClosed:
+			return closedErr("channel", e)
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("amqp deliveries closed: consumer cancelled")
+			}
+			select {
+			case work <- d:
+			case <-ctx.Done():
+				return nil
+			case err := <-pause:
+				return err
+			case e := <-connClosed:
+				return closedErr("connection", e)
+			case e := <-chClosed:
+				return closedErr("channel", e)
+			}
+		}
+	}
+}
+
+// outcome is what handling decided for one delivery.
+type outcome struct {
+	kind     Kind
+	class    Class
+	err      error
+	orderNo  string
+	key      string
+	degraded bool // handled without the Redis guard (OPEN)
+	released bool // the in-flight claim was deleted
+}
+
+// process handles one delivery and tells the broker. It is the only place
+// that acks.
+func (c *Consumer) process(ctx context.Context, pub *publisher, d amqp.Delivery, pause chan<- error) {
+	start := time.Now()
+	out := c.handle(ctx, d)
+	count := retryCount(d.Headers)
+	var result string
+	var brokerErr error
+	switch out.kind {
+	case Applied:
+		result, brokerErr = "FIRST", d.Ack(false)
+	case Duplicate:
+		result, brokerErr = "DUPLICATE", d.Ack(false)
+	case Retryable, Terminal:
+		queue, n := c.cfg.Retry.next(out.kind, count)
+		cause := out.err
+		if out.kind == Retryable && queue == TerminalQueue {
+			cause = fmt.Errorf("gave up after %d retries: %w", count, out.err)
+		}
+		if err := pub.publish(ctx, queue, failedCopy(d, n, out.class, cause, time.Now())); err != nil {
+			// The copy is not safely stored: the original goes back, and the
+			// session restarts (reconnect, redeclare) before taking more.
+			result, brokerErr = "REQUEUE", d.Nack(false, true)
+			c.log.Error("retry publish failed; message requeued", zap.String("order_no", out.orderNo), zap.Error(err))
+			signal(pause, fmt.Errorf("publish: %w", err))
+			break
+		}
+		result = "TERMINAL"
+		if queue != TerminalQueue {
+			result = "RETRY"
+		}
+		count = n
+		brokerErr = d.Ack(false)
+	case Unavailable:
+		result, brokerErr = "REQUEUE", d.Nack(false, true)
+		signal(pause, &pauseError{out.class})
+	}
+	fields := []zap.Field{
+		zap.String("order_no", out.orderNo),
+		zap.String("idem_key", out.key),
+		zap.String("result", result),
+		zap.Int("attempt", count),
+		zap.String("error_class", string(out.class)),
+		zap.Duration("duration", time.Since(start)),
+		zap.Uint64("delivery_tag", d.DeliveryTag),
+		zap.Bool("redelivered", d.Redelivered),
+	}
+	if out.degraded {
+		fields = append(fields, zap.Bool("degraded", true))
+	}
+	if out.err != nil && out.kind != Duplicate {
+		fields = append(fields, zap.NamedError("error", out.err))
+	}
+	if brokerErr != nil {
+		// The channel is gone; the broker redelivers and the guards find the
+		// outcome.
+		fields = append(fields, zap.NamedError("broker_error", brokerErr))
+		c.log.Warn("outcome not acknowledged", fields...)
+		return
+	}
+	c.log.Info("message handled", fields...)
+}
+
+func signal(pause chan<- error, err error) {
+	select {
+	case pause <- err:
+	default:
+	}
+}
+
+// handle decides one delivery: decode, claim, pay, mark. A panic becomes a
+// terminal outcome.
+func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("panic while handling", zap.String("order_no", out.orderNo),
+				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+			out.kind, out.class, out.err = Terminal, ClassPanic, fmt.Errorf("%w: %v", errPanic, r)
+		}
+	}()
+	p, err := DecodePayment(d.Body)
+	if err != nil {
+		out.kind, out.class = classify(err)
+		out.err = err
+		return out
+	}
+	out.orderNo, out.key = p.OrderNo, c.guard.Key(p.OrderNo)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.HandleTimeout)
+	defer cancel()
+
+	settle := func(err error) outcome {
+		out.err = err
+		out.kind, out.class = classify(err)
+		return out
+	}
+
+	st, claim, degraded, err := c.claim(ctx, p.OrderNo)
+	if err != nil {
+		return settle(err)
+	}
+	out.degraded = degraded
+	held := st == idem.Claimed
+	fault.Point("after_claim")
+
+	if st == idem.Done || st == idem.InFlight {
+		// Redis alone never drops a message: the database decides.
+		switch err := c.orders.Check(ctx, p); {
+		case err != nil:
+			return settle(err) // already paid → duplicate; or why not
+		case st == idem.InFlight:
+			return settle(fmt.Errorf("order %s: %w", p.OrderNo, errInFlight))
+		default:
+			c.log.Warn("redis and database disagree: key says done, order is not paid; applying",
+				zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key))
+		}
+	}
+
+	err = c.orders.Pay(ctx, p)
+	kind, _ := classify(err)
+	if err == nil {
+		fault.Point("after_commit")
+	}
+	bg, cancelBg := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancelBg()
+	switch {
+	case held && (kind == Applied || kind == Duplicate):
+		if err := c.guard.Done(bg, p.OrderNo); err != nil {
+			c.log.Warn("could not mark the key done; its lease will expire and the database stays the guard",
+				zap.String("order_no", p.OrderNo), zap.Error(err))
+		}
+	case held:
+		released, rerr := c.guard.Release(bg, claim)
+		out.released = released
+		c.log.Info("idem key released", zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key),
+			zap.Bool("deleted", released), zap.NamedError("release_error", rerr))
+	}
+	return settle(err)
+}
+
+// claim takes the order's Redis key. Under CLOSED, Redis trouble is an
+// errRedisUnavailable; under OPEN it is a degraded claim (the database guards
+// alone), and Redis is skipped for a few seconds.
+func (c *Consumer) claim(ctx context.Context, orderNo string) (idem.State, idem.Claim, bool, error) {
+	open := c.cfg.RedisFallback == FallbackOpen
+	if open && time.Now().UnixNano() < c.redisDownUntil.Load() {
+		c.log.Warn("redis guard skipped: degraded (idempotent.redisFallback=OPEN)", zap.String("order_no", orderNo))
+		return 0, idem.Claim{}, true, nil
+	}
+	st, claim, err := c.guard.Claim(ctx, orderNo)
+	if err == nil {
+		return st, claim, false, nil
+	}
+	// The SET may have landed before the reply was lost: free it if we can.
+	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	c.guard.Release(bg, claim)
+	cancel()
+	if !open {
+		return 0, claim, false, fmt.Errorf("%w: %w", errRedisUnavailable, err)
+	}
+	c.redisDownUntil.Store(time.Now().Add(5 * time.Second).UnixNano())
+	c.log.Warn("redis unavailable: going on with the database guards alone (idempotent.redisFallback=OPEN)",
+		zap.String("order_no", orderNo), zap.Error(err))
+	return 0, claim, true, nil
+}

@@ -1,0 +1,385 @@
+package listener_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/order"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+func TestAppliesOnceAndAcksDuplicates(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(10086, "1000.00")
+	e.seedOrder("P20260928001", 10086, "199.00")
+	msg := body("P20260928001", 10086, "199.00")
+	e.publish(msg, msg, msg)
+	c := e.start(e.redisAddr, e.dsn)
+
+	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["FIRST"]+r["DUPLICATE"] == 3 },
+		"three deliveries of one payment were not all acked")
+	if r := e.results(); r["FIRST"] != 1 || r["DUPLICATE"] != 2 {
+		t.Fatalf("outcomes %v, want 1 FIRST and 2 DUPLICATE", r)
+	}
+	if e.status("P20260928001") != order.Paid || e.flows("P20260928001") != 1 || e.balance(10086) != 80100 {
+		t.Fatalf("status %s, %d flows, balance %s; want PAID, 1, 801.00",
+			e.status("P20260928001"), e.flows("P20260928001"), e.balance(10086))
+	}
+	if v := e.rdb.Get(context.Background(), e.prefix+"P20260928001").Val(); v != "done" {
+		t.Fatalf("redis key = %q, want done", v)
+	}
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.depth(listener.MainQueue); n != 0 {
+		t.Fatalf("%d messages left in the main queue", n)
+	}
+}
+
+// Duplicates delivered concurrently to two consumers apply once.
+func TestTwoConsumersDuplicateStormAppliesOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	const orders, copies = 40, 3
+	var msgs [][]byte
+	for u := int64(1); u <= 4; u++ {
+		e.seedAccount(u, "10000.00")
+	}
+	for i := range orders {
+		no := fmt.Sprintf("S%03d", i)
+		e.seedOrder(no, int64(i%4+1), "12.34")
+		for range copies {
+			msgs = append(msgs, body(no, int64(i%4+1), "12.34"))
+		}
+	}
+	e.publish(msgs...)
+	e.start(e.redisAddr, e.dsn)
+	e.start(e.redisAddr, e.dsn)
+
+	e.waitResults(30*time.Second, func(r map[string]int) bool { return r["FIRST"]+r["DUPLICATE"] == orders*copies },
+		"not every delivery was settled")
+	if r := e.results(); r["FIRST"] != orders || r["TERMINAL"] != 0 {
+		t.Fatalf("outcomes %v, want %d FIRST and no TERMINAL", r, orders)
+	}
+	if n := e.totalFlows(); n != orders {
+		t.Fatalf("%d flows, want %d", n, orders)
+	}
+	for u := int64(1); u <= 4; u++ {
+		if b := e.balance(u); b != 1000000-10*1234 {
+			t.Errorf("user %d balance %s, want %s", u, b, money.Cents(1000000-10*1234))
+		}
+	}
+}
+
+// Insufficient balance walks the wait queues, then lands in the terminal
+// queue with the headers, and changes nothing.
+func TestInsufficientBalanceWalksWaitQueuesToTerminal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(7, "5.00")
+	e.seedOrder("LOW1", 7, "199.00")
+	msg := body("LOW1", 7, "199.00")
+	e.publish(msg)
+	e.start(e.redisAddr, e.dsn)
+
+	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["TERMINAL"] == 1 }, "never reached terminal")
+	var attempts []int
+	for _, entry := range e.logs.FilterMessage("message handled").All() {
+		m := entry.ContextMap()
+		if m["error_class"] != "balance_not_enough" {
+			t.Errorf("error_class %v, want balance_not_enough", m["error_class"])
+		}
+		attempts = append(attempts, int(m["attempt"].(int64)))
+	}
+	if fmt.Sprint(attempts) != "[1 2 3 3]" {
+		t.Fatalf("attempts %v, want RETRY 1, 2, 3 then TERMINAL at 3", attempts)
+	}
+	got := e.getAll(listener.TerminalQueue)
+	if len(got) != 1 {
+		t.Fatalf("%d terminal messages, want 1", len(got))
+	}
+	d := got[0]
+	if string(d.Body) != string(msg) || d.DeliveryMode != amqp.Persistent {
+		t.Errorf("terminal copy body %q mode %d, want the original, persistent", d.Body, d.DeliveryMode)
+	}
+	if d.Headers[listener.HeaderRetryCount] != int32(3) ||
+		d.Headers[listener.HeaderErrorClass] != "balance_not_enough" ||
+		!strings.Contains(fmt.Sprint(d.Headers[listener.HeaderLastError]), "balance not enough") ||
+		!strings.Contains(fmt.Sprint(d.Headers[listener.HeaderLastError]), "gave up after 3 retries") ||
+		d.Headers[listener.HeaderFirstFailedAt] == nil {
+		t.Errorf("terminal headers %v", d.Headers)
+	}
+	if e.status("LOW1") != order.Init || e.balance(7) != 500 || e.flows("LOW1") != 0 {
+		t.Fatal("a failed payment changed data")
+	}
+	for _, q := range []string{listener.MainQueue, listener.WaitQueue(e.delays[0]), listener.WaitQueue(e.delays[1])} {
+		if n := e.depth(q); n != 0 {
+			t.Errorf("%s holds %d messages", q, n)
+		}
+	}
+	if k := e.rdb.Exists(context.Background(), e.prefix+"LOW1").Val(); k != 0 {
+		t.Error("a failed payment left its redis key: the retry could not claim it")
+	}
+}
+
+// A payment whose balance is topped up while it waits is applied on retry.
+func TestRetryAppliesAfterTopUp(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(8, "1.00")
+	e.seedOrder("TOP1", 8, "2.00")
+	e.publish(body("TOP1", 8, "2.00"))
+	e.start(e.redisAddr, e.dsn, func(c *listener.Config) { c.Retry.MaxAttempts = 100 })
+	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["RETRY"] >= 1 }, "no retry")
+	e.db.MustExec("UPDATE t_account SET balance = balance + 5 WHERE user_id = 8")
+	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["FIRST"] == 1 }, "not applied after top-up")
+	if e.balance(8) != 400 || e.flows("TOP1") != 1 {
+		t.Fatalf("balance %s, %d flows; want 4.00, 1", e.balance(8), e.flows("TOP1"))
+	}
+}
+
+// Every kind of bad input reaches the terminal queue at once, with its
+// class, and changes nothing.
+func TestBadInputGoesTerminalAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(1, "100.00")
+	e.seedOrder("OK1", 1, "10.00")
+	e.seedOrder("REF1", 1, "10.00")
+	e.db.MustExec("UPDATE t_order SET status = 'REFUNDED' WHERE order_no = 'REF1'")
+	cases := []struct {
+		body  string
+		class string
+	}{
+		{`not json`, "bad_message"},
+		{`{"orderNo":"OK1","userId":1,"amount":10.00} trailing`, "bad_message"},
+		{`{"orderNo":"OK1","userId":1,"amount":10.00}{}`, "bad_message"},
+		{`{"orderNo":"OK1","orderNo":"OK1","userId":1,"amount":10.00}`, "bad_message"},
+		{`{"orderno":"OK1","userId":1,"amount":10.00}`, "bad_message"},
+		{`{"orderNo":"OK1","userId":1}`, "bad_message"},
+		{`{"orderNo":"OK1","userId":1,"amount":null}`, "bad_message"},
+		{`{"orderNo":"OK1","userId":1,"amount":10.001}`, "bad_message"},
+		{`{"orderNo":"OK1","userId":1,"amount":-10.00}`, "bad_message"},
+		{`{"orderNo":"OK1","userId":1,"amount":0}`, "bad_message"},
+		{`{"orderNo":"OK1","userId":1,"amount":1e1}`, "bad_message"},
+		{`{"orderNo":"OK1","userId":"1","amount":10.00}`, "bad_message"},
+		{`{"orderNo":"O K","userId":1,"amount":10.00}`, "bad_message"},
+		{`[1,2,3]`, "bad_message"},
+		{`{"orderNo":"OK1","userId":1,"amount":"10.00","pad":"` + strings.Repeat("x", listener.MaxBody) + `"}`, "bad_message"},
+		{`{"orderNo":"OK1","userId":2,"amount":10.00}`, "mismatch"},
+		{`{"orderNo":"OK1","userId":1,"amount":"9.99"}`, "mismatch"},
+		{`{"orderNo":"REF1","userId":1,"amount":10.00}`, "not_payable"},
+	}
+	for _, c := range cases {
+		e.publish([]byte(c.body))
+	}
+	e.start(e.redisAddr, e.dsn)
+	e.waitResults(15*time.Second, func(r map[string]int) bool { return r["TERMINAL"] == len(cases) }, "bad input not all terminal")
+	if r := e.results(); len(r) != 1 {
+		t.Fatalf("outcomes %v, want only TERMINAL", r)
+	}
+	got := e.getAll(listener.TerminalQueue)
+	if len(got) != len(cases) {
+		t.Fatalf("%d terminal messages, want %d", len(got), len(cases))
+	}
+	want := map[string]string{}
+	for _, c := range cases {
+		want[c.body] = c.class
+	}
+	for _, d := range got {
+		if cls := d.Headers[listener.HeaderErrorClass]; cls != want[string(d.Body)] {
+			t.Errorf("body %.60q: class %v, want %s", d.Body, cls, want[string(d.Body)])
+		}
+		if d.Headers[listener.HeaderRetryCount] != int32(0) || d.Headers[listener.HeaderLastError] == "" {
+			t.Errorf("body %.60q: headers %v", d.Body, d.Headers)
+		}
+	}
+	if e.totalFlows() != 0 || e.balance(1) != 10000 || e.status("OK1") != order.Init {
+		t.Fatal("bad input changed data")
+	}
+}
+
+// Redis says "done" but the database shows no payment (a restored database,
+// a key written by something else): the message is applied, not dropped.
+func TestDoneKeyWithoutPaymentIsNotDropped(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(3, "50.00")
+	e.seedOrder("GHOST", 3, "5.00")
+	e.rdb.Set(context.Background(), e.prefix+"GHOST", "done", time.Hour)
+	e.publish(body("GHOST", 3, "5.00"))
+	e.start(e.redisAddr, e.dsn)
+	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["FIRST"] == 1 }, "payment not applied")
+	if e.flows("GHOST") != 1 || e.balance(3) != 4500 {
+		t.Fatal("payment not applied exactly once")
+	}
+	if len(e.logs.FilterMessageSnippet("disagree").All()) != 1 {
+		t.Fatal("the disagreement was not logged")
+	}
+}
+
+// A key in flight elsewhere (a worker that died) never acks an unpaid
+// message: it is retried, and applied once the lease is gone.
+func TestInFlightKeyRetriesThenApplies(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(4, "50.00")
+	e.seedOrder("HELD", 4, "5.00")
+	e.rdb.Set(context.Background(), e.prefix+"HELD", "inflight:dead-worker", 700*time.Millisecond)
+	e.publish(body("HELD", 4, "5.00"))
+	e.start(e.redisAddr, e.dsn, func(c *listener.Config) { c.Retry.MaxAttempts = 20 })
+	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["FIRST"] == 1 }, "payment not applied")
+	retries := e.logs.FilterMessage("message handled").FilterField(zap.String("error_class", "in_flight")).Len()
+	if retries == 0 {
+		t.Fatal("the in-flight key did not route the message to retry first")
+	}
+	if e.flows("HELD") != 1 || e.balance(4) != 4500 {
+		t.Fatal("payment not applied exactly once")
+	}
+}
+
+// Redis down under CLOSED: messages stay in the broker, no attempt is spent,
+// and they drain once Redis is back.
+func TestRedisDownClosedHoldsThenDrains(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	proxy := testenv.NewProxy(t, e.redisAddr)
+	e.seedAccount(5, "100.00")
+	const n = 5
+	var msgs [][]byte
+	for i := range n {
+		no := fmt.Sprintf("RD%d", i)
+		e.seedOrder(no, 5, "1.00")
+		msgs = append(msgs, body(no, 5, "1.00"))
+	}
+	c := e.start(proxy.Addr(), e.dsn)
+	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready")
+	proxy.Down()
+	e.publish(msgs...)
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		return !c.Ready() && e.depth(listener.MainQueue) == n
+	}, "consumer did not pause with all %d messages back in the queue", n)
+	if r := e.results(); r["FIRST"] != 0 || r["RETRY"] != 0 || r["TERMINAL"] != 0 || r["REQUEUE"] == 0 {
+		t.Fatalf("outcomes while Redis was down: %v; want only REQUEUE", r)
+	}
+	if e.totalFlows() != 0 {
+		t.Fatal("payments applied without the Redis guard under CLOSED")
+	}
+	proxy.Up()
+	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["FIRST"] == n }, "messages did not drain after Redis came back")
+	if e.balance(5) != 10000-n*100 || e.totalFlows() != n {
+		t.Fatalf("balance %s, %d flows", e.balance(5), e.totalFlows())
+	}
+}
+
+// Redis down under OPEN: the database guards alone apply the payment, once.
+func TestRedisDownOpenGoesOnWithDatabase(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	proxy := testenv.NewProxy(t, e.redisAddr)
+	proxy.Down()
+	e.seedAccount(6, "100.00")
+	e.seedOrder("OPEN1", 6, "1.00")
+	msg := body("OPEN1", 6, "1.00")
+	e.publish(msg, msg)
+	e.start(proxy.Addr(), e.dsn, func(c *listener.Config) { c.RedisFallback = listener.FallbackOpen })
+	e.waitResults(15*time.Second, func(r map[string]int) bool { return r["FIRST"] == 1 && r["DUPLICATE"] == 1 },
+		"not applied once with a duplicate")
+	if e.flows("OPEN1") != 1 || e.balance(6) != 9900 {
+		t.Fatal("payment not applied exactly once")
+	}
+	if e.logs.FilterMessageSnippet("database guards alone").Len() == 0 {
+		t.Fatal("the degrade decision was not logged")
+	}
+}
+
+// MySQL down: messages are requeued without spending attempts, consumption
+// pauses, and everything drains when MySQL is back.
+func TestMySQLDownPausesThenDrains(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	proxy := testenv.NewProxy(t, "127.0.0.1:3306")
+	dsn := strings.Replace(e.dsn, "127.0.0.1:3306", proxy.Addr(), 1)
+	if dsn == e.dsn {
+		t.Skip("PAYSVC_TEST_MYSQL_DSN is not on 127.0.0.1:3306")
+	}
+	e.seedAccount(9, "100.00")
+	const n = 4
+	var msgs [][]byte
+	for i := range n {
+		no := fmt.Sprintf("MD%d", i)
+		e.seedOrder(no, 9, "1.00")
+		msgs = append(msgs, body(no, 9, "1.00"))
+	}
+	c := e.start(e.redisAddr, dsn)
+	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready")
+	proxy.Down()
+	e.publish(msgs...)
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return !c.Ready() && e.depth(listener.MainQueue) == n
+	}, "consumer did not pause with the messages back in the queue")
+	if r := e.results(); r["RETRY"] != 0 || r["TERMINAL"] != 0 || r["FIRST"] != 0 {
+		t.Fatalf("outcomes while MySQL was down: %v; want only REQUEUE", r)
+	}
+	proxy.Up()
+	e.waitResults(30*time.Second, func(r map[string]int) bool { return r["FIRST"] == n }, "messages did not drain after MySQL came back")
+	if e.totalFlows() != n || e.balance(9) != 10000-n*100 {
+		t.Fatal("payments not applied exactly once")
+	}
+}
+
+// A topology that exists with other arguments stops start-up with a clear
+// error naming the queue.
+func TestTopologyMismatchIsReported(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ch := e.channel()
+	if _, err := ch.QueueDeclare(listener.WaitQueue(e.delays[0]), true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	ch.Close()
+	c := e.start(e.redisAddr, e.dsn)
+	err := c.wait(t)
+	if err == nil || !strings.Contains(err.Error(), "q.pay.dlx.wait.200ms exists with other arguments") {
+		t.Fatalf("Run = %v, want a topology mismatch naming the queue", err)
+	}
+}
+
+func TestDeclareIsIdempotentAndQuorum(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.declare()
+	// A quorum queue refuses to be redeclared as classic: proof of its type.
+	ch := e.channel()
+	_, err := ch.QueueDeclare(listener.WaitQueue(e.delays[1]), true, false, false, false, amqp.Table{
+		"x-queue-type":              "classic",
+		"x-message-ttl":             int64(300),
+		"x-dead-letter-exchange":    listener.RetryExchange,
+		"x-dead-letter-routing-key": listener.MainQueue,
+		"x-dead-letter-strategy":    "at-least-once",
+		"x-overflow":                "reject-publish",
+	})
+	if err == nil || !strings.Contains(err.Error(), "x-queue-type") {
+		t.Fatalf("redeclare as classic: %v, want inequivalent x-queue-type", err)
+	}
+}

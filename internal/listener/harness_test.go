@@ -1,0 +1,262 @@
+package listener_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/paysvc/paysvc/internal/idem"
+	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/order"
+	"github.com/paysvc/paysvc/internal/sqldb"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+// env is one test's isolated world: its own database, vhost and key prefix.
+type env struct {
+	t         *testing.T
+	dsn       string
+	db        *sqlx.DB
+	amqpURL   string
+	redisAddr string
+	rdb       *redis.Client
+	prefix    string
+	conn      *amqp.Connection
+	ch        *amqp.Channel
+	delays    []time.Duration
+	logs      *observer.ObservedLogs
+	log       *zap.Logger
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := &env{t: t, delays: []time.Duration{200 * time.Millisecond, 300 * time.Millisecond}}
+	e.dsn, e.db = testenv.MySQL(t)
+	e.amqpURL = testenv.AMQP(t)
+	e.rdb, e.prefix = testenv.Redis(t)
+	e.redisAddr = testenv.RedisAddr()
+	core, logs := observer.New(zapcore.DebugLevel)
+	e.logs = logs
+	e.log = zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)).Core()))
+	conn, err := amqp.Dial(e.amqpURL)
+	if err != nil {
+		t.Fatalf("rabbitmq unreachable (start it: scripts/ensure-services.sh): %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	e.conn = conn
+	e.ch = e.channel()
+	return e
+}
+
+func (e *env) channel() *amqp.Channel {
+	ch, err := e.conn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ch
+}
+
+func (e *env) declare() {
+	e.t.Helper()
+	ch := e.channel()
+	defer ch.Close()
+	if err := listener.Declare(ch, e.delays); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// consumer is a running listener.Consumer.
+type consumer struct {
+	*listener.Consumer
+	stop func() error
+	done chan error
+}
+
+// wait returns Run's result when Run returns by itself.
+func (c *consumer) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-c.done:
+		c.done <- err
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return")
+		return nil
+	}
+}
+
+type option func(*listener.Config)
+
+// start runs a consumer against the env; it is stopped at cleanup.
+func (e *env) start(redisAddr, dsn string, opts ...option) *consumer {
+	e.t.Helper()
+	cfg := listener.Config{
+		URL:            e.amqpURL,
+		ConnectionName: e.t.Name(),
+		Prefetch:       8,
+		Workers:        4,
+		Retry:          listener.RetryPolicy{Delays: e.delays, MaxAttempts: 3},
+		RedisFallback:  listener.FallbackClosed,
+		HandleTimeout:  10 * time.Second,
+		DrainTimeout:   10 * time.Second,
+		PublishTimeout: 5 * time.Second,
+		MaxBackoff:     500 * time.Millisecond,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	db := e.db
+	if dsn != e.dsn {
+		var err error
+		if db, err = sqldb.Open(context.Background(), dsn, 8); err != nil {
+			e.t.Fatal(err)
+		}
+		e.t.Cleanup(func() { db.Close() })
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: 1})
+	e.t.Cleanup(func() { rdb.Close() })
+	guard := idem.New(rdb, idem.Config{KeyPrefix: e.prefix, TTL: time.Hour, Lease: 5 * time.Second})
+	c := listener.New(cfg, order.NewStore(db), guard, e.log)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case runErr = <-done:
+				done <- runErr
+			case <-time.After(30 * time.Second):
+				runErr = fmt.Errorf("consumer did not stop within 30s")
+			}
+		})
+		return runErr
+	}
+	e.t.Cleanup(func() { stop() })
+	return &consumer{Consumer: c, stop: stop, done: done}
+}
+
+func (e *env) seedAccount(userID int64, balance string) {
+	e.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (?, ?)", userID, balance)
+}
+
+func (e *env) seedOrder(orderNo string, userID int64, amount string) {
+	e.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES (?, ?, ?)", orderNo, userID, amount)
+}
+
+func body(orderNo string, userID int64, amount string) []byte {
+	b, _ := json.Marshal(map[string]any{"orderNo": orderNo, "userId": userID, "amount": json.Number(amount)})
+	return b
+}
+
+// publish sends bodies to q.pay.success, persistent, and waits for confirms.
+func (e *env) publish(bodies ...[]byte) {
+	e.t.Helper()
+	ch := e.channel()
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		e.t.Fatal(err)
+	}
+	for _, b := range bodies {
+		conf, err := ch.PublishWithDeferredConfirm("", listener.MainQueue, true, false, amqp.Publishing{
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b,
+		})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if !conf.Wait() {
+			e.t.Fatal("publish nacked")
+		}
+	}
+}
+
+// depth is the number of ready messages in a queue.
+func (e *env) depth(queue string) int {
+	e.t.Helper()
+	ch := e.channel()
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		e.t.Fatalf("inspect %s: %v", queue, err)
+	}
+	return q.Messages
+}
+
+// getAll takes every message from a queue (acking them).
+func (e *env) getAll(queue string) []amqp.Delivery {
+	e.t.Helper()
+	ch := e.channel()
+	defer ch.Close()
+	var out []amqp.Delivery
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+// results counts logged outcomes by result (FIRST, DUPLICATE, RETRY,
+// TERMINAL, REQUEUE).
+func (e *env) results() map[string]int {
+	n := map[string]int{}
+	for _, entry := range e.logs.FilterMessage("message handled").All() {
+		n[entry.ContextMap()["result"].(string)]++
+	}
+	return n
+}
+
+func (e *env) waitResults(within time.Duration, cond func(map[string]int) bool, what string) {
+	e.t.Helper()
+	testenv.Eventually(e.t, within, func() bool { return cond(e.results()) }, "%s; outcomes %v", what, e.results())
+}
+
+func (e *env) status(orderNo string) order.Status {
+	var s order.Status
+	if err := e.db.Get(&s, "SELECT status FROM t_order WHERE order_no = ?", orderNo); err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+func (e *env) balance(userID int64) money.Cents {
+	var b money.Cents
+	if err := e.db.Get(&b, "SELECT balance FROM t_account WHERE user_id = ?", userID); err != nil {
+		e.t.Fatal(err)
+	}
+	return b
+}
+
+func (e *env) flows(orderNo string) int {
+	var n int
+	if err := e.db.Get(&n, "SELECT COUNT(*) FROM t_account_flow WHERE biz_no = ?", orderNo); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+func (e *env) totalFlows() int {
+	var n int
+	if err := e.db.Get(&n, "SELECT COUNT(*) FROM t_account_flow"); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}

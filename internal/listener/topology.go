@@ -1,0 +1,98 @@
+package listener
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Topology names. Operators and other tools depend on them: keep them.
+const (
+	MainQueue     = "q.pay.success"
+	DLXExchange   = "ex.pay.dlx"
+	RetryExchange = "ex.pay.retry"
+	TerminalQueue = "q.pay.dlx.terminal"
+	waitPrefix    = "q.pay.dlx.wait."
+)
+
+// WaitQueue names the wait queue for a delay: q.pay.dlx.wait.30s, ...1m, ...5m.
+func WaitQueue(d time.Duration) string { return waitPrefix + FormatDelay(d) }
+
+// FormatDelay writes a delay the short way: 30s, 1m, 1m30s, 1h, 1500ms.
+func FormatDelay(d time.Duration) string {
+	if d%time.Second != 0 {
+		return fmt.Sprintf("%dms", d.Milliseconds())
+	}
+	s := d.String() // e.g. 1h0m0s, 5m0s, 1m30s
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// Declare declares the whole topology, durable, and so checks that what
+// already exists matches: RabbitMQ refuses a redeclaration with other
+// arguments, which is reported naming the object and what to do.
+//
+//	q.pay.success          classic, dead-letters to ex.pay.dlx → q.pay.dlx.terminal
+//	ex.pay.dlx (direct)    → q.pay.dlx.wait.<delay>..., q.pay.dlx.terminal
+//	q.pay.dlx.wait.<delay> quorum, TTL <delay>, at-least-once dead-lettering
+//	                       through ex.pay.retry → q.pay.success
+//	q.pay.dlx.terminal     quorum
+func Declare(ch *amqp.Channel, delays []time.Duration) error {
+	exchanges := []string{DLXExchange, RetryExchange}
+	for _, ex := range exchanges {
+		if err := ch.ExchangeDeclare(ex, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+			return mismatch("exchange", ex, err)
+		}
+	}
+	type queue struct {
+		name, exchange string
+		args           amqp.Table
+	}
+	queues := []queue{{
+		name: MainQueue, exchange: RetryExchange,
+		args: amqp.Table{
+			"x-dead-letter-exchange":    DLXExchange,
+			"x-dead-letter-routing-key": TerminalQueue,
+		},
+	}}
+	for _, d := range delays {
+		queues = append(queues, queue{
+			name: WaitQueue(d), exchange: DLXExchange,
+			args: amqp.Table{
+				"x-queue-type":              "quorum",
+				"x-message-ttl":             d.Milliseconds(),
+				"x-dead-letter-exchange":    RetryExchange,
+				"x-dead-letter-routing-key": MainQueue,
+				"x-dead-letter-strategy":    "at-least-once",
+				"x-overflow":                "reject-publish",
+			},
+		})
+	}
+	queues = append(queues, queue{name: TerminalQueue, exchange: DLXExchange, args: amqp.Table{"x-queue-type": "quorum"}})
+	for _, q := range queues {
+		if _, err := ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
+			return mismatch("queue", q.name, err)
+		}
+		if err := ch.QueueBind(q.name, q.name, q.exchange, false, nil); err != nil {
+			return fmt.Errorf("topology: bind %s to %s: %w", q.name, q.exchange, err)
+		}
+	}
+	return nil
+}
+
+func mismatch(kind, name string, err error) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+		return fmt.Errorf("topology: %s %s exists with other arguments than paysvc declares (%s); "+
+			"drain and delete it, or restore the configuration it was made with", kind, name, ae.Reason)
+	}
+	return fmt.Errorf("topology: declare %s %s: %w", kind, name, err)
+}
