@@ -13,21 +13,21 @@
 # starting (uses sudo when not root); the "already running" path does not.
 #
 # Environment (defaults in brackets):
-#   PAYSVC_REDIS_PORT       [6379] port Redis is checked on / started with
-#   PAYSVC_MYSQL_TIMEOUT    [60]   seconds to wait for MariaDB
-#   PAYSVC_REDIS_TIMEOUT    [60]   seconds to wait for Redis
-#   PAYSVC_RABBITMQ_TIMEOUT [120]  seconds to wait for RabbitMQ
+#   SERVICES_REDIS_PORT       [6379] port Redis is checked on / started with
+#   SERVICES_MYSQL_TIMEOUT    [60]   seconds to wait for MariaDB
+#   SERVICES_REDIS_TIMEOUT    [60]   seconds to wait for Redis
+#   SERVICES_RABBITMQ_TIMEOUT [120]  seconds to wait for RabbitMQ
 set -euo pipefail
 
 export PATH="${PATH}:/usr/local/sbin:/usr/sbin:/sbin"
 
 readonly HOST=127.0.0.1
 readonly MYSQL_PORT=3306
-readonly REDIS_PORT="${PAYSVC_REDIS_PORT:-6379}"
+readonly REDIS_PORT="${SERVICES_REDIS_PORT:-6379}"
 readonly RABBITMQ_PORT=5672
-readonly MYSQL_TIMEOUT="${PAYSVC_MYSQL_TIMEOUT:-60}"
-readonly REDIS_TIMEOUT="${PAYSVC_REDIS_TIMEOUT:-60}"
-readonly RABBITMQ_TIMEOUT="${PAYSVC_RABBITMQ_TIMEOUT:-120}"
+readonly MYSQL_TIMEOUT="${SERVICES_MYSQL_TIMEOUT:-60}"
+readonly REDIS_TIMEOUT="${SERVICES_REDIS_TIMEOUT:-60}"
+readonly RABBITMQ_TIMEOUT="${SERVICES_RABBITMQ_TIMEOUT:-120}"
 readonly MARIADBD=/usr/sbin/mariadbd
 readonly RABBITMQ_MIN_MAJOR=3 RABBITMQ_MIN_MINOR=10
 
@@ -58,6 +58,7 @@ show_log() {
 
 # port_open PORT: does something accept TCP connections on HOST:PORT?
 port_open() {
+	# shellcheck disable=SC2016 # $1/$2 expand in the child bash
 	timeout 1 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "${HOST}" "$1" 2>/dev/null
 }
 
@@ -211,6 +212,7 @@ ensure_redis() {
 # connection" line in the broker's log). Falls back to the Debian package.
 rabbitmq_version() {
 	local v
+	# shellcheck disable=SC2016 # $1/$2 expand in the child bash
 	v=$(timeout 2 bash -c '
 		exec 3<>"/dev/tcp/$1/$2" || exit 1
 		printf "AMQP\0\0\011\001" >&3

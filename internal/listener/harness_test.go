@@ -163,55 +163,19 @@ func body(orderNo string, userID int64, amount string) []byte {
 	return b
 }
 
-// publish sends bodies to q.pay.success, persistent, and waits for confirms.
 func (e *env) publish(bodies ...[]byte) {
 	e.t.Helper()
-	ch := e.channel()
-	defer ch.Close()
-	if err := ch.Confirm(false); err != nil {
-		e.t.Fatal(err)
-	}
-	for _, b := range bodies {
-		conf, err := ch.PublishWithDeferredConfirm("", listener.MainQueue, true, false, amqp.Publishing{
-			ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b,
-		})
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		if !conf.Wait() {
-			e.t.Fatal("publish nacked")
-		}
-	}
+	testenv.Publish(e.t, e.amqpURL, listener.MainQueue, bodies...)
 }
 
-// depth is the number of ready messages in a queue.
 func (e *env) depth(queue string) int {
 	e.t.Helper()
-	ch := e.channel()
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		e.t.Fatalf("inspect %s: %v", queue, err)
-	}
-	return q.Messages
+	return testenv.Depth(e.t, e.amqpURL, queue)
 }
 
-// getAll takes every message from a queue (acking them).
 func (e *env) getAll(queue string) []amqp.Delivery {
 	e.t.Helper()
-	ch := e.channel()
-	defer ch.Close()
-	var out []amqp.Delivery
-	for {
-		d, ok, err := ch.Get(queue, true)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		if !ok {
-			return out
-		}
-		out = append(out, d)
-	}
+	return testenv.GetAll(e.t, e.amqpURL, queue)
 }
 
 // results counts logged outcomes by result (FIRST, DUPLICATE, RETRY,

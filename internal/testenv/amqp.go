@@ -1,0 +1,96 @@
+package testenv
+
+import (
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+func dial(t testing.TB, url string) (*amqp.Connection, *amqp.Channel) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatalf("rabbitmq unreachable (start it: scripts/ensure-services.sh): %v", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		conn.Close()
+		t.Fatal(err)
+	}
+	return conn, ch
+}
+
+// Publish sends bodies to queue through the default exchange, persistent and
+// mandatory, and waits for each confirm.
+func Publish(t testing.TB, url, queue string, bodies ...[]byte) {
+	t.Helper()
+	conn, ch := dial(t, url)
+	defer conn.Close()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	returns := ch.NotifyReturn(make(chan amqp.Return, len(bodies)))
+	for _, b := range bodies {
+		conf, err := ch.PublishWithDeferredConfirm("", queue, true, false, amqp.Publishing{
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !conf.Wait() {
+			t.Fatal("publish nacked")
+		}
+	}
+	if len(returns) > 0 {
+		t.Fatalf("%d messages unroutable to %s", len(returns), queue)
+	}
+}
+
+// Depth is the number of ready messages in queue.
+func Depth(t testing.TB, url, queue string) int {
+	t.Helper()
+	conn, ch := dial(t, url)
+	defer conn.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("inspect %s: %v", queue, err)
+	}
+	return q.Messages
+}
+
+// GetAll takes (and acks) every ready message of queue.
+func GetAll(t testing.TB, url, queue string) []amqp.Delivery {
+	t.Helper()
+	conn, ch := dial(t, url)
+	defer conn.Close()
+	var out []amqp.Delivery
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+// Declare declares paysvc's topology with the given wait-queue delays.
+func Declare(t testing.TB, url string, declare func(*amqp.Channel) error) {
+	t.Helper()
+	conn, ch := dial(t, url)
+	defer conn.Close()
+	if err := declare(ch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// QueueExists reports whether queue exists.
+func QueueExists(t testing.TB, url, queue string) bool {
+	t.Helper()
+	conn, ch := dial(t, url)
+	defer conn.Close()
+	_, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	return err == nil
+}
