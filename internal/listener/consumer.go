@@ -363,11 +363,18 @@ func signal(pause chan<- error, err error) {
 // handle decides one delivery: decode, claim, pay, mark. A panic becomes a
 // terminal outcome.
 func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
+	var claim idem.Claim
+	held := false // a claim this call must still mark done or release
 	defer func() {
 		if r := recover(); r != nil {
 			c.log.Error("panic while handling", zap.String("order_no", out.orderNo),
 				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 			out.kind, out.class, out.err = Terminal, ClassPanic, fmt.Errorf("%w: %v", errPanic, r)
+			if held {
+				bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+				defer cancel()
+				out.released, _ = c.guard.Release(bg, claim)
+			}
 		}
 	}()
 	p, err := DecodePayment(d.Body)
@@ -386,12 +393,14 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 		return out
 	}
 
-	st, claim, degraded, err := c.claim(ctx, p.OrderNo)
+	var st idem.State
+	var degraded bool
+	st, claim, degraded, err = c.claim(ctx, p.OrderNo)
 	if err != nil {
 		return settle(err)
 	}
 	out.degraded = degraded
-	held := st == idem.Claimed
+	held = st == idem.Claimed
 	fault.Point("after_claim")
 
 	if st == idem.Done || st == idem.InFlight {
@@ -415,17 +424,19 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 	bg, cancelBg := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancelBg()
 	switch {
-	case held && (kind == Applied || kind == Duplicate):
+	case !held:
+	case kind == Applied || kind == Duplicate:
 		if err := c.guard.Done(bg, p.OrderNo); err != nil {
 			c.log.Warn("could not mark the key done; its lease will expire and the database stays the guard",
 				zap.String("order_no", p.OrderNo), zap.Error(err))
 		}
-	case held:
+	default:
 		released, rerr := c.guard.Release(bg, claim)
 		out.released = released
 		c.log.Info("idem key released", zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key),
 			zap.Bool("deleted", released), zap.NamedError("release_error", rerr))
 	}
+	held = false
 	return settle(err)
 }
 

@@ -383,3 +383,64 @@ func TestDeclareIsIdempotentAndQuorum(t *testing.T) {
 		t.Fatalf("redeclare as classic: %v, want inequivalent x-queue-type", err)
 	}
 }
+
+// A retry copy that the broker cannot route (its wait queue was deleted) comes
+// back through mandatory: the original is requeued, the session redeclares
+// the topology, and the message still walks to terminal. Nothing is lost.
+func TestUnroutableRetryCopyIsRequeuedNotLost(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(12, "1.00")
+	e.seedOrder("UNR1", 12, "5.00")
+	c := e.start(e.redisAddr, e.dsn)
+	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready")
+	ch := e.channel()
+	if _, err := ch.QueueDelete(listener.WaitQueue(e.delays[0]), false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	ch.Close()
+	e.publish(body("UNR1", 12, "5.00"))
+	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["TERMINAL"] == 1 }, "never reached terminal")
+	failed := e.logs.FilterMessageSnippet("retry publish failed").All()
+	if len(failed) == 0 || !strings.Contains(fmt.Sprint(failed[0].ContextMap()["error"]), "unroutable") {
+		t.Fatalf("no unroutable publish was detected: %v", failed)
+	}
+	if r := e.results(); r["REQUEUE"] == 0 || r["RETRY"] != 3 {
+		t.Fatalf("outcomes %v, want a REQUEUE, then 3 RETRY", r)
+	}
+	if got := e.getAll(listener.TerminalQueue); len(got) != 1 {
+		t.Fatalf("%d terminal messages, want 1", len(got))
+	}
+}
+
+// The broker closes the connection (mid-stream if it is still busy): the
+// consumer reconnects, redeclares and resumes; every payment, from before and
+// after the cut, is applied exactly once.
+func TestBrokerConnectionLossResumes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	const before, after = 300, 50
+	e.seedAccount(13, "1000.00")
+	var msgs [][]byte
+	for i := range before + after {
+		no := fmt.Sprintf("BC%03d", i)
+		e.seedOrder(no, 13, "1.00")
+		msgs = append(msgs, body(no, 13, "1.00"))
+	}
+	e.publish(msgs[:before]...)
+	c := e.start(e.redisAddr, e.dsn, func(c *listener.Config) { c.Workers, c.Prefetch = 2, 4 })
+	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["FIRST"] >= 10 }, "no progress")
+	testenv.CloseConnections(t, e.amqpURL)
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return e.logs.FilterMessage("amqp session ended; reconnecting").Len() > 0
+	}, "the connection cut went unnoticed")
+	e.publish(msgs[before:]...)
+	e.waitResults(30*time.Second, func(r map[string]int) bool { return r["FIRST"] == before+after },
+		"not every payment applied after the reconnect")
+	if e.totalFlows() != before+after || e.balance(13) != 100000-(before+after)*100 {
+		t.Fatalf("%d flows, balance %s", e.totalFlows(), e.balance(13))
+	}
+	testenv.Eventually(t, 10*time.Second, c.Ready, "not consuming after the reconnect")
+}

@@ -3,8 +3,10 @@ package order_test
 import (
 	"context"
 	"errors"
+	"github.com/go-sql-driver/mysql"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -206,5 +208,55 @@ func TestPayRaceOneWinner(t *testing.T) {
 	want := state{Status: order.Paid, Balance: 99900, Flows: 1, Sum: -100}
 	if got := read(t, db, "RACE", 5); wins != 1 || got != want {
 		t.Fatalf("%d winners, state %+v; want 1 winner, %+v", wins, got, want)
+	}
+}
+
+// A lock wait timeout (1205) rolls back only the statement; Pay rolls back
+// the whole transaction and runs it again. A competing transaction holds the
+// account row past paysvc's lock wait timeout (1s), then lets go.
+func TestPayRetriesLockWaitTimeoutInPlace(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	seed(t, db, "LW1", 11, "1.00", "10.00")
+	seed(t, db, "LW2", 11, "1.00", "10.00")
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
+	short, err := sqldb.Open(context.Background(), cfg.FormatDSN(), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer short.Close()
+
+	hold := func(d time.Duration) <-chan struct{} {
+		released := make(chan struct{})
+		tx := db.MustBegin()
+		tx.MustExec("SELECT balance FROM t_account WHERE user_id = 11 FOR UPDATE")
+		time.AfterFunc(d, func() { tx.Rollback(); close(released) })
+		return released
+	}
+
+	// One attempt: the timeout surfaces, and nothing is left half-done.
+	released := hold(3 * time.Second)
+	once := order.NewStore(short)
+	once.Attempts = 1
+	err = once.Pay(context.Background(), pay("LW1", 11, 100))
+	if !sqldb.IsDeadlock(err) {
+		t.Fatalf("single attempt: %v, want a lock wait timeout", err)
+	}
+	if got := read(t, db, "LW1", 11); got.Status != order.Init || got.Flows != 0 {
+		t.Fatalf("after a lock wait timeout: %+v, want INIT with no flow", got)
+	}
+	<-released
+
+	// Three attempts: the lock is released during the second wait.
+	hold(1500 * time.Millisecond)
+	if err := order.NewStore(short).Pay(context.Background(), pay("LW2", 11, 100)); err != nil {
+		t.Fatalf("with retries: %v", err)
+	}
+	if got := read(t, db, "LW2", 11); got.Status != order.Paid || got.Flows != 1 || got.Balance != 900 {
+		t.Fatalf("after retry: %+v", got)
 	}
 }

@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"net/url"
+	"strings"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -93,4 +95,15 @@ func QueueExists(t testing.TB, url, queue string) bool {
 	defer conn.Close()
 	_, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	return err == nil
+}
+
+// CloseConnections makes the broker close every client connection of the
+// URL's vhost, as a broker restart or a network cut would.
+func CloseConnections(t testing.TB, amqpURL string) {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rabbitmqctl(t, "close_all_connections", "-p", strings.TrimPrefix(u.Path, "/"), "test: connection cut")
 }
