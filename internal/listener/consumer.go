@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
+	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/fault"
 	"github.com/paysvc/paysvc/internal/idem"
 	"github.com/paysvc/paysvc/internal/order"
@@ -85,7 +86,7 @@ func (e *fatalError) Unwrap() error { return e.err }
 // error only when the first session fails for a reason reconnecting cannot
 // fix, such as a topology that does not match.
 func (c *Consumer) Run(ctx context.Context) error {
-	bo := backoff{max: c.cfg.MaxBackoff}
+	bo := broker.Backoff{Max: c.cfg.MaxBackoff}
 	first := true
 	for {
 		if err := c.waitDependencies(ctx, &bo); err != nil {
@@ -102,23 +103,23 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		first = false
 		if time.Since(started) > time.Minute {
-			bo.reset()
+			bo.Reset()
 		}
 		var pause *pauseError
 		if errors.As(err, &pause) {
 			c.log.Warn("consumption paused; waiting for the dependency", zap.String("error_class", string(pause.class)))
 			continue
 		}
-		wait := bo.next()
+		wait := bo.Next()
 		c.log.Error("amqp session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
-		if !sleep(ctx, wait) {
+		if !broker.Sleep(ctx, wait) {
 			return nil
 		}
 	}
 }
 
 // waitDependencies returns once MySQL answers, and Redis too under CLOSED.
-func (c *Consumer) waitDependencies(ctx context.Context, bo *backoff) error {
+func (c *Consumer) waitDependencies(ctx context.Context, bo *broker.Backoff) error {
 	for {
 		ping := func(name string, f func(context.Context) error) error {
 			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -135,9 +136,9 @@ func (c *Consumer) waitDependencies(ctx context.Context, bo *backoff) error {
 		if err == nil {
 			return nil
 		}
-		wait := bo.next()
+		wait := bo.Next()
 		c.log.Warn("dependency unavailable; not consuming", zap.Error(err), zap.Duration("backoff", wait))
-		if !sleep(ctx, wait) {
+		if !broker.Sleep(ctx, wait) {
 			return ctx.Err()
 		}
 	}
@@ -197,8 +198,8 @@ func (c *Consumer) session(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for range c.cfg.Workers {
 		wg.Go(func() {
-			pub := newPublisher(conn, c.cfg.PublishTimeout)
-			defer pub.close()
+			pub := broker.NewPublisher(conn, c.cfg.PublishTimeout)
+			defer pub.Close()
 			for d := range work {
 				c.process(procCtx, pub, d, pause)
 			}
@@ -292,7 +293,7 @@ type outcome struct {
 
 // process handles one delivery and tells the broker. It is the only place
 // that acks.
-func (c *Consumer) process(ctx context.Context, pub *publisher, d amqp.Delivery, pause chan<- error) {
+func (c *Consumer) process(ctx context.Context, pub *broker.Publisher, d amqp.Delivery, pause chan<- error) {
 	start := time.Now()
 	out := c.handle(ctx, d)
 	count := retryCount(d.Headers)
@@ -309,7 +310,7 @@ func (c *Consumer) process(ctx context.Context, pub *publisher, d amqp.Delivery,
 		if out.kind == Retryable && queue == TerminalQueue {
 			cause = fmt.Errorf("gave up after %d retries: %w", count, out.err)
 		}
-		if err := pub.publish(ctx, queue, failedCopy(d, n, out.class, cause, time.Now())); err != nil {
+		if err := pub.Publish(ctx, DLXExchange, queue, failedCopy(d, n, out.class, cause, time.Now())); err != nil {
 			// The copy is not safely stored: the original goes back, and the
 			// session restarts (reconnect, redeclare) before taking more.
 			result, brokerErr = "REQUEUE", d.Nack(false, true)

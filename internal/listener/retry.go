@@ -1,9 +1,6 @@
 package listener
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -86,83 +83,3 @@ func failedCopy(d amqp.Delivery, count int, class Class, cause error, now time.T
 		Body:            d.Body,
 	}
 }
-
-// publisher publishes one message at a time on its own channel, in confirm
-// mode and with mandatory set, so that a returned message is told apart from
-// a routed one: the broker sends basic.return before the basic.ack of the
-// same publish, and the client delivers them in that order.
-type publisher struct {
-	conn    *amqp.Connection
-	ch      *amqp.Channel
-	returns chan amqp.Return
-	timeout time.Duration
-}
-
-func newPublisher(conn *amqp.Connection, timeout time.Duration) *publisher {
-	return &publisher{conn: conn, timeout: timeout}
-}
-
-var errUnroutable = errors.New("returned unroutable")
-
-// publish sends msg to ex.pay.dlx with routing key queue and waits for the
-// broker's confirm. Any error means the copy is not safely stored.
-func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishing) error {
-	if err := p.open(); err != nil {
-		return err
-	}
-	for len(p.returns) > 0 { // drop a stale return, if any
-		<-p.returns
-	}
-	ctx, cancel := context.WithTimeout(ctx, p.timeout)
-	defer cancel()
-	conf, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, DLXExchange, queue,
-		true,  // mandatory: an unroutable copy comes back instead of vanishing
-		false, // immediate: unsupported by RabbitMQ
-		msg)
-	if err != nil {
-		p.reset()
-		return fmt.Errorf("publish to %s: %w", queue, err)
-	}
-	acked, err := conf.WaitContext(ctx)
-	if err != nil {
-		p.reset()
-		return fmt.Errorf("publish to %s: confirm: %w", queue, err)
-	}
-	if !acked {
-		return fmt.Errorf("publish to %s: nacked by the broker", queue)
-	}
-	select {
-	case r := <-p.returns:
-		return fmt.Errorf("publish to %s: %w: %d %s", queue, errUnroutable, r.ReplyCode, r.ReplyText)
-	default:
-	}
-	return nil
-}
-
-func (p *publisher) open() error {
-	if p.ch != nil && !p.ch.IsClosed() {
-		return nil
-	}
-	ch, err := p.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("publisher channel: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		ch.Close()
-		return fmt.Errorf("publisher confirms: %w", err)
-	}
-	p.ch = ch
-	p.returns = ch.NotifyReturn(make(chan amqp.Return, 4))
-	return nil
-}
-
-// reset drops the channel after an error whose state is unclear; the next
-// publish opens a fresh one.
-func (p *publisher) reset() {
-	if p.ch != nil {
-		p.ch.Close()
-		p.ch = nil
-	}
-}
-
-func (p *publisher) close() { p.reset() }

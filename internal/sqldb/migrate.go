@@ -13,11 +13,18 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// Migration is one embedded NNNN_name.sql file.
+// Migration is one embedded NNNN_name.sql file, or a step in Go where SQL
+// cannot say it portably.
 type Migration struct {
 	Version int
 	Name    string
 	SQL     string
+	Run     func(ctx context.Context, conn *sqlx.Conn) error
+}
+
+// goMigrations run between the SQL files, by version.
+var goMigrations = []Migration{
+	{Version: 3, Name: "0003_flow_unique_index", Run: flowUniqueIndex},
 }
 
 // LoadMigrations reads the *.sql files of fsys, sorted by version.
@@ -39,6 +46,7 @@ func LoadMigrations(fsys fs.FS) ([]Migration, error) {
 		}
 		ms = append(ms, Migration{Version: v, Name: strings.TrimSuffix(path.Base(name), ".sql"), SQL: string(body)})
 	}
+	ms = append(ms, goMigrations...)
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	for i := 1; i < len(ms); i++ {
 		if ms[i].Version == ms[i-1].Version {
@@ -118,12 +126,57 @@ func Migrate(ctx context.Context, db *sqlx.DB, ms []Migration) ([]string, error)
 				return done, fmt.Errorf("migration %s: %w", m.Name, err)
 			}
 		}
+		if m.Run != nil {
+			if err := m.Run(ctx, conn); err != nil {
+				return done, fmt.Errorf("migration %s: %w", m.Name, err)
+			}
+		}
 		if _, err := conn.ExecContext(ctx, "INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.Name); err != nil {
 			return done, fmt.Errorf("migration %s: record version: %w", m.Name, err)
 		}
 		done = append(done, m.Name)
 	}
 	return done, CheckSchema(ctx, db, ms)
+}
+
+// flowUniqueIndex adds UNIQUE uk_biz_no_type to a t_account_flow that
+// predates paysvc (0001 creates the table with it, but keeps an existing
+// table). Legacy duplicates make it refuse, naming the way out.
+func flowUniqueIndex(ctx context.Context, conn *sqlx.Conn) error {
+	cols, err := flowIndexColumns(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if cols == "biz_no,type" {
+		return nil
+	}
+	var dups int
+	err = conn.GetContext(ctx, &dups, `SELECT COUNT(*) FROM (SELECT biz_no, type FROM t_account_flow
+		GROUP BY biz_no, type HAVING COUNT(*) > 1) d`)
+	if err != nil {
+		return err
+	}
+	if dups > 0 {
+		return fmt.Errorf("t_account_flow has %d (biz_no, type) pairs booked more than once, so UNIQUE "+
+			"uk_biz_no_type cannot be added: run `paysvc reconcile` to list them and `paysvc reconcile --fix` "+
+			"to book their reversals, then move the reversed duplicates out of t_account_flow "+
+			"(README, \"Legacy duplicates\") and run `paysvc migrate` again", dups)
+	}
+	_, err = conn.ExecContext(ctx, "ALTER TABLE t_account_flow ADD UNIQUE KEY uk_biz_no_type (biz_no, type)")
+	return err
+}
+
+type queryer interface {
+	SelectContext(ctx context.Context, dest any, query string, args ...any) error
+}
+
+func flowIndexColumns(ctx context.Context, q queryer) (string, error) {
+	var cols []string
+	err := q.SelectContext(ctx, &cols, `SELECT column_name FROM information_schema.statistics
+		WHERE table_schema = DATABASE() AND table_name = 't_account_flow'
+		  AND index_name = 'uk_biz_no_type' AND non_unique = 0
+		ORDER BY seq_in_index`)
+	return strings.Join(cols, ","), err
 }
 
 // CheckSchema verifies that every migration is applied and that the last
@@ -145,16 +198,12 @@ func CheckSchema(ctx context.Context, db *sqlx.DB, ms []Migration) error {
 			return fmt.Errorf("schema: migration %s is not applied (run `paysvc migrate`)", m.Name)
 		}
 	}
-	var cols []string
-	err := db.SelectContext(ctx, &cols, `SELECT column_name FROM information_schema.statistics
-		WHERE table_schema = DATABASE() AND table_name = 't_account_flow'
-		  AND index_name = 'uk_biz_no_type' AND non_unique = 0
-		ORDER BY seq_in_index`)
+	cols, err := flowIndexColumns(ctx, db)
 	if err != nil {
 		return fmt.Errorf("schema: %w", err)
 	}
-	if strings.Join(cols, ",") != "biz_no,type" {
-		return fmt.Errorf("schema: t_account_flow lacks UNIQUE uk_biz_no_type(biz_no, type) (found %v): duplicate payments would not be refused", cols)
+	if cols != "biz_no,type" {
+		return fmt.Errorf("schema: t_account_flow lacks UNIQUE uk_biz_no_type(biz_no, type) (found %q): duplicate payments would not be refused", cols)
 	}
 	return nil
 }

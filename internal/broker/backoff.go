@@ -1,0 +1,41 @@
+// Package broker holds what every RabbitMQ user in paysvc shares: a
+// publisher with confirms and mandatory routing, and reconnect backoff.
+package broker
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+)
+
+// Backoff doubles from 100ms up to Max, with jitter.
+type Backoff struct {
+	Max  time.Duration
+	last time.Duration
+}
+
+// Next returns the next wait: between half and all of the current step.
+func (b *Backoff) Next() time.Duration {
+	switch {
+	case b.last == 0:
+		b.last = 100 * time.Millisecond
+	case b.last < b.Max:
+		b.last = min(2*b.last, b.Max)
+	}
+	return b.last/2 + rand.N(b.last/2+1)
+}
+
+// Reset starts again from the shortest wait.
+func (b *Backoff) Reset() { b.last = 0 }
+
+// Sleep waits d or until ctx ends; it reports whether d passed.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,95 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Publisher publishes one message at a time on its own channel, in confirm
+// mode and with mandatory set, so that a returned message is told apart from
+// a routed one: the broker sends basic.return before the basic.ack of the
+// same publish, and the client delivers them in that order. It is not safe
+// for concurrent use: give each goroutine its own.
+type Publisher struct {
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	returns chan amqp.Return
+	timeout time.Duration
+}
+
+// NewPublisher returns a Publisher on conn; timeout bounds each publish and
+// its confirm.
+func NewPublisher(conn *amqp.Connection, timeout time.Duration) *Publisher {
+	return &Publisher{conn: conn, timeout: timeout}
+}
+
+// ErrUnroutable: the broker returned a mandatory message no queue took.
+var ErrUnroutable = errors.New("returned unroutable")
+
+// Publish sends msg to exchange with routing key key, mandatory, and waits for
+// the broker's confirm. Any error means the message is not safely stored.
+func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	if err := p.open(); err != nil {
+		return err
+	}
+	for len(p.returns) > 0 { // drop a stale return, if any
+		<-p.returns
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	conf, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key,
+		true,  // mandatory: an unroutable copy comes back instead of vanishing
+		false, // immediate: unsupported by RabbitMQ
+		msg)
+	if err != nil {
+		p.reset()
+		return fmt.Errorf("publish to %s/%s: %w", exchange, key, err)
+	}
+	acked, err := conf.WaitContext(ctx)
+	if err != nil {
+		p.reset()
+		return fmt.Errorf("publish to %s/%s: confirm: %w", exchange, key, err)
+	}
+	if !acked {
+		return fmt.Errorf("publish to %s/%s: nacked by the broker", exchange, key)
+	}
+	select {
+	case r := <-p.returns:
+		return fmt.Errorf("publish to %s/%s: %w: %d %s", exchange, key, ErrUnroutable, r.ReplyCode, r.ReplyText)
+	default:
+	}
+	return nil
+}
+
+func (p *Publisher) open() error {
+	if p.ch != nil && !p.ch.IsClosed() {
+		return nil
+	}
+	ch, err := p.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("publisher channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		ch.Close()
+		return fmt.Errorf("publisher confirms: %w", err)
+	}
+	p.ch = ch
+	p.returns = ch.NotifyReturn(make(chan amqp.Return, 4))
+	return nil
+}
+
+// reset drops the channel after an error whose state is unclear; the next
+// publish opens a fresh one.
+func (p *Publisher) reset() {
+	if p.ch != nil {
+		p.ch.Close()
+		p.ch = nil
+	}
+}
+
+// Close closes the publisher's channel.
+func (p *Publisher) Close() { p.reset() }
