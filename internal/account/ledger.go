@@ -16,7 +16,8 @@ import (
 
 // Flow types.
 const (
-	TypePayDeduct = "PAY_DEDUCT"
+	TypePayDeduct     = "PAY_DEDUCT"
+	TypeReverseDeduct = "REVERSE_DEDUCT"
 )
 
 var (
@@ -79,4 +80,27 @@ func Balance(ctx context.Context, q sqlx.QueryerContext, userID int64) (money.Ce
 		return 0, fmt.Errorf("balance of %d: %w", userID, ErrNoAccount)
 	}
 	return b, err
+}
+
+// Credit books a flow of +amount of the given type for bizNo and adds amount
+// to the user's balance, inside the caller's transaction. A flow already
+// booked for (bizNo, type) is ErrDuplicateFlow.
+func Credit(ctx context.Context, tx sqlx.ExtContext, userID int64, amount money.Cents, bizNo, flowType, remark string) error {
+	_, err := tx.ExecContext(ctx,
+		`INSERT INTO t_account_flow (user_id, amount, biz_no, type, remark) VALUES (?, CAST(? AS DECIMAL(18,2)), ?, ?, ?)`,
+		userID, amount, bizNo, flowType, remark)
+	if sqldb.IsDuplicateKey(err) {
+		return fmt.Errorf("credit %s: %w", bizNo, ErrDuplicateFlow)
+	}
+	if err != nil {
+		return fmt.Errorf("credit %s: insert flow: %w", bizNo, err)
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE t_account SET balance = balance + CAST(? AS DECIMAL(18,2)) WHERE user_id = ?`, amount, userID)
+	if err != nil {
+		return fmt.Errorf("credit %s: update balance: %w", bizNo, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("credit %s: user %d: %w", bizNo, userID, ErrNoAccount)
+	}
+	return nil
 }

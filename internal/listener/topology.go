@@ -76,7 +76,7 @@ func Declare(ch *amqp.Channel, delays []time.Duration) error {
 			},
 		})
 	}
-	queues = append(queues, queue{name: TerminalQueue, exchange: DLXExchange, args: amqp.Table{"x-queue-type": "quorum"}})
+	queues = append(queues, queue{name: TerminalQueue, exchange: DLXExchange, args: terminalArgs})
 	for _, q := range queues {
 		if _, err := ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
 			return mismatch("queue", q.name, err)
@@ -87,6 +87,8 @@ func Declare(ch *amqp.Channel, delays []time.Duration) error {
 	}
 	return nil
 }
+
+var terminalArgs = amqp.Table{"x-queue-type": "quorum"}
 
 func mismatch(kind, name string, err error) error {
 	var ae *amqp.Error

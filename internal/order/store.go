@@ -13,6 +13,7 @@ import (
 	"github.com/paysvc/paysvc/internal/account"
 	"github.com/paysvc/paysvc/internal/fault"
 	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/outbox"
 	"github.com/paysvc/paysvc/internal/sqldb"
 )
 
@@ -35,7 +36,8 @@ type Store struct {
 func NewStore(db *sqlx.DB) *Store { return &Store{db: db, Attempts: 3} }
 
 // Pay applies p exactly once, in one transaction: order INIT→PAID, a
-// PAY_DEDUCT flow, and the balance deduction.
+// PAY_DEDUCT flow, the balance deduction, and the payment-success notice in
+// the outbox.
 //
 // It returns nil when this call applied the payment, and otherwise:
 // ErrAlreadyPaid or account.ErrDuplicateFlow (a duplicate: ack),
@@ -85,7 +87,12 @@ func pay(ctx context.Context, tx *sqlx.Tx, p Payment) error {
 		return errors.New("order changed during payment")
 	}
 	fault.Point("mid_transaction")
-	return account.Deduct(ctx, tx, p.UserID, p.Amount, p.OrderNo)
+	if err := account.Deduct(ctx, tx, p.UserID, p.Amount, p.OrderNo); err != nil {
+		return err
+	}
+	// The notice rides in the same transaction and is published later: its
+	// failure can never undo or repeat the charge.
+	return outbox.AddPaymentSucceeded(ctx, tx, p.OrderNo, p.UserID, p.Amount, time.Now())
 }
 
 // Check reads the order and says whether p could be applied to it now,

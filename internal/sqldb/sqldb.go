@@ -31,6 +31,13 @@ func Open(ctx context.Context, dsn string, maxOpen int) (*sqlx.DB, error) {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
 	cfg.ParseTime = true
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	if _, ok := cfg.Params["time_zone"]; !ok {
+		// DATETIME columns hold UTC, written by Go and by CURRENT_TIMESTAMP alike.
+		cfg.Params["time_zone"] = "'+00:00'"
+	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}

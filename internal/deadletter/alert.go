@@ -1,0 +1,92 @@
+package deadletter
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Alert is the JSON body POSTed to the webhook for a dead letter.
+type Alert struct {
+	Text         string `json:"text"`
+	DeadLetterID int64  `json:"deadLetterId"`
+	OrderNo      string `json:"orderNo"`
+	ErrorClass   string `json:"errorClass"`
+	LastError    string `json:"lastError"`
+	RetryCount   int    `json:"retryCount"`
+	ParkedCount  int    `json:"parkedCount"`
+	FailedAt     string `json:"failedAt"`
+}
+
+// Alerter POSTs one alert per dead letter that became NEW: per order number,
+// so a storm of copies of one failed payment raises one alert, and a payment
+// that fails again after a replay raises a new one. Delivery is recorded in
+// the row (alerted_at), so an alert survives a restart and is retried.
+type Alerter struct {
+	Store    *Store
+	URL      string
+	Client   *http.Client
+	Log      *zap.Logger
+	Interval time.Duration // poll interval; Wake shortens it
+	Wake     chan struct{}
+}
+
+// Run delivers pending alerts until ctx ends.
+func (a *Alerter) Run(ctx context.Context) {
+	for {
+		if err := a.SendPending(ctx); err != nil && ctx.Err() == nil {
+			a.Log.Warn("alert webhook failed; will retry", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.Wake:
+		case <-time.After(a.Interval):
+		}
+	}
+}
+
+// SendPending posts every pending alert; it stops at the first failure.
+func (a *Alerter) SendPending(ctx context.Context) error {
+	pending, err := a.Store.PendingAlerts(ctx, 100)
+	if err != nil {
+		return err
+	}
+	for _, d := range pending {
+		body, _ := json.Marshal(Alert{
+			Text: fmt.Sprintf("paysvc: payment %s reached the terminal queue (%s): %s",
+				d.Order(), d.ErrorClass, d.LastError),
+			DeadLetterID: d.ID, OrderNo: d.Order(), ErrorClass: d.ErrorClass, LastError: d.LastError,
+			RetryCount: d.RetryCount, ParkedCount: d.ParkedCount, FailedAt: d.LastFailedAt.UTC().Format(time.RFC3339),
+		})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.URL, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := a.Client.Do(req)
+		if err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // the URL may hold a secret token: never log it
+			}
+			return fmt.Errorf("alert %d: %w", d.ID, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			return fmt.Errorf("alert %d: webhook answered %s", d.ID, resp.Status)
+		}
+		if err := a.Store.MarkAlerted(ctx, d.ID); err != nil {
+			return err
+		}
+		a.Log.Info("alert sent", zap.Int64("dead_letter_id", d.ID), zap.String("order_no", d.Order()))
+	}
+	return nil
+}

@@ -1,0 +1,319 @@
+// Package deadletter keeps terminal messages durably for audit and replay:
+// one row per order number (or per body, when a message has none), whose
+// status is NEW, REPLAYED or DISCARDED, with every parking, replay and
+// discard kept as an event.
+package deadletter
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/sqldb"
+)
+
+// Status is a dead letter's state.
+type Status string
+
+// The closed set of states.
+const (
+	New       Status = "NEW"
+	Replayed  Status = "REPLAYED"
+	Discarded Status = "DISCARDED"
+)
+
+// Events in a dead letter's history.
+const (
+	EventParked       = "PARKED"
+	EventReplayed     = "REPLAYED"
+	EventReplayFailed = "REPLAY_FAILED"
+	EventDiscarded    = "DISCARDED"
+)
+
+var (
+	// ErrNotFound: no dead letter with that id or order number.
+	ErrNotFound = errors.New("dead letter not found")
+	// ErrWrongStatus: the operation does not apply in the row's status.
+	ErrWrongStatus = errors.New("dead letter status does not allow this")
+)
+
+// Parked is a terminal message as it arrives.
+type Parked struct {
+	OrderNo       string       // "" when the body has no usable order number
+	UserID        *int64       // nil when unknown
+	Amount        *money.Cents // nil when unknown
+	Body          []byte
+	Headers       string // JSON of the AMQP headers
+	ErrorClass    string
+	LastError     string
+	RetryCount    int
+	FirstFailedAt time.Time
+	LastFailedAt  time.Time
+}
+
+// DeadLetter is a stored terminal message.
+type DeadLetter struct {
+	ID            int64        `db:"id"`
+	OrderNo       *string      `db:"order_no"`
+	UserID        *int64       `db:"user_id"`
+	Amount        *money.Cents `db:"amount"`
+	Body          []byte       `db:"body"`
+	Headers       string       `db:"headers"`
+	ErrorClass    string       `db:"error_class"`
+	LastError     string       `db:"last_error"`
+	RetryCount    int          `db:"retry_count"`
+	ParkedCount   int          `db:"parked_count"`
+	FirstFailedAt time.Time    `db:"first_failed_at"`
+	LastFailedAt  time.Time    `db:"last_failed_at"`
+	Status        Status       `db:"status"`
+	UpdatedBy     string       `db:"updated_by"`
+	Reason        string       `db:"reason"`
+	AlertedAt     *time.Time   `db:"alerted_at"`
+}
+
+// Order returns the order number, or "".
+func (d DeadLetter) Order() string {
+	if d.OrderNo == nil {
+		return ""
+	}
+	return *d.OrderNo
+}
+
+// Event is one step of a dead letter's history.
+type Event struct {
+	ID         int64     `db:"id"`
+	Event      string    `db:"event"`
+	Operator   string    `db:"operator"`
+	Reason     string    `db:"reason"`
+	Result     string    `db:"result"`
+	ErrorClass string    `db:"error_class"`
+	RetryCount int       `db:"retry_count"`
+	At         time.Time `db:"create_time"`
+}
+
+// Store reads and writes dead letters.
+type Store struct{ db *sqlx.DB }
+
+// NewStore returns a Store over db.
+func NewStore(db *sqlx.DB) *Store { return &Store{db: db} }
+
+const columns = `id, order_no, user_id, amount, body, headers, error_class, last_error, retry_count,
+	parked_count, first_failed_at, last_failed_at, status, updated_by, reason, alerted_at`
+
+func dedupKey(p Parked) string {
+	if p.OrderNo != "" {
+		return p.OrderNo
+	}
+	sum := sha256.Sum256(p.Body)
+	return "body:" + hex.EncodeToString(sum[:])
+}
+
+func fingerprint(p Parked) string {
+	h := sha256.New()
+	h.Write(p.Body)
+	fmt.Fprintf(h, "\x00%s\x00%d\x00%s", p.ErrorClass, p.RetryCount, p.LastFailedAt.UTC().Format(time.RFC3339Nano))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Park stores a terminal message: a new row, or, for an order already parked,
+// the same row updated and back to NEW with the parking added to its history.
+// A redelivery of the very same terminal message changes nothing. It reports
+// whether the row became NEW now (an alert is due), and the row id.
+func (s *Store) Park(ctx context.Context, p Parked) (id int64, becameNew bool, err error) {
+	key, fp := dedupKey(p), fingerprint(p)
+	var orderNo *string
+	if p.OrderNo != "" {
+		orderNo = &p.OrderNo
+	}
+	for attempt := 1; ; attempt++ {
+		err = sqldb.InTx(ctx, s.db, func(tx *sqlx.Tx) error {
+			var cur struct {
+				ID          int64  `db:"id"`
+				Status      Status `db:"status"`
+				Fingerprint string `db:"fingerprint"`
+			}
+			err := tx.GetContext(ctx, &cur, "SELECT id, status, fingerprint FROM t_dead_letter WHERE dedup_key = ? FOR UPDATE", key)
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+				res, err := tx.ExecContext(ctx, `INSERT INTO t_dead_letter (dedup_key, order_no, user_id, amount, body, headers,
+					error_class, last_error, retry_count, fingerprint, first_failed_at, last_failed_at)
+					VALUES (?, ?, ?, CAST(? AS DECIMAL(18,2)), ?, ?, ?, ?, ?, ?, ?, ?)`,
+					key, orderNo, p.UserID, p.Amount, p.Body, p.Headers, p.ErrorClass, p.LastError, p.RetryCount, fp,
+					p.FirstFailedAt.UTC(), p.LastFailedAt.UTC())
+				if err != nil {
+					return err
+				}
+				id, _ = res.LastInsertId()
+				becameNew = true
+			case err != nil:
+				return err
+			case cur.Fingerprint == fp:
+				id, becameNew = cur.ID, false
+				return nil // the same terminal message delivered again
+			default:
+				id, becameNew = cur.ID, cur.Status != New
+				_, err = tx.ExecContext(ctx, `UPDATE t_dead_letter SET order_no = ?, user_id = ?, amount = CAST(? AS DECIMAL(18,2)),
+					body = ?, headers = ?, error_class = ?, last_error = ?, retry_count = ?, fingerprint = ?,
+					parked_count = parked_count + 1, first_failed_at = LEAST(first_failed_at, ?), last_failed_at = ?,
+					status = 'NEW', updated_by = 'paysvc', reason = '',
+					alerted_at = CASE WHEN status = 'NEW' THEN alerted_at ELSE NULL END
+					WHERE id = ?`,
+					orderNo, p.UserID, p.Amount, p.Body, p.Headers, p.ErrorClass, p.LastError, p.RetryCount, fp,
+					p.FirstFailedAt.UTC(), p.LastFailedAt.UTC(), id)
+				if err != nil {
+					return err
+				}
+			}
+			return addEvent(ctx, tx, id, EventParked, "paysvc", "", p.LastError, p.ErrorClass, p.RetryCount)
+		})
+		if err == nil || attempt >= 3 || !(sqldb.IsDeadlock(err) || sqldb.IsDuplicateKey(err)) {
+			break
+		}
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("park %s: %w", key, err)
+	}
+	return id, becameNew, nil
+}
+
+func addEvent(ctx context.Context, tx sqlx.ExecerContext, id int64, event, operator, reason, result, class string, retries int) error {
+	if len(result) > 4000 {
+		result = result[:4000]
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO t_dead_letter_event (dead_letter_id, event, operator, reason, result, error_class, retry_count)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`, id, event, operator, reason, result, class, retries)
+	return err
+}
+
+// Filter selects dead letters for List.
+type Filter struct {
+	Class  string
+	Status Status
+	Since  time.Time // last failed at or after
+	Limit  int       // 0: 100
+}
+
+// List returns dead letters matching f, newest failure first.
+func (s *Store) List(ctx context.Context, f Filter) ([]DeadLetter, error) {
+	q := "SELECT " + columns + " FROM t_dead_letter WHERE 1 = 1"
+	var args []any
+	if f.Class != "" {
+		q += " AND error_class = ?"
+		args = append(args, f.Class)
+	}
+	if f.Status != "" {
+		q += " AND status = ?"
+		args = append(args, f.Status)
+	}
+	if !f.Since.IsZero() {
+		q += " AND last_failed_at >= ?"
+		args = append(args, f.Since.UTC())
+	}
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	q += " ORDER BY last_failed_at DESC, id DESC LIMIT ?"
+	args = append(args, f.Limit)
+	var out []DeadLetter
+	if err := s.db.SelectContext(ctx, &out, q, args...); err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// Get finds a dead letter by id, or else by order number, with its history.
+func (s *Store) Get(ctx context.Context, idOrOrderNo string) (DeadLetter, []Event, error) {
+	var d DeadLetter
+	err := sql.ErrNoRows
+	if id, perr := strconv.ParseInt(idOrOrderNo, 10, 64); perr == nil {
+		err = s.db.GetContext(ctx, &d, "SELECT "+columns+" FROM t_dead_letter WHERE id = ?", id)
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		err = s.db.GetContext(ctx, &d, "SELECT "+columns+" FROM t_dead_letter WHERE order_no = ?", idOrOrderNo)
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return d, nil, fmt.Errorf("%q: %w", idOrOrderNo, ErrNotFound)
+	}
+	if err != nil {
+		return d, nil, err
+	}
+	var evs []Event
+	err = s.db.SelectContext(ctx, &evs, `SELECT id, event, operator, reason, result, error_class, retry_count, create_time
+		FROM t_dead_letter_event WHERE dead_letter_id = ? ORDER BY id`, d.ID)
+	return d, evs, err
+}
+
+// MarkReplayed records a confirmed replay: status REPLAYED and an audit event.
+func (s *Store) MarkReplayed(ctx context.Context, id int64, operator, reason, result string) error {
+	return s.transition(ctx, id, Replayed, []Status{New, Discarded}, EventReplayed, operator, reason, result)
+}
+
+// MarkDiscarded discards a NEW dead letter, with an audit event.
+func (s *Store) MarkDiscarded(ctx context.Context, id int64, operator, reason string) error {
+	return s.transition(ctx, id, Discarded, []Status{New}, EventDiscarded, operator, reason, "discarded")
+}
+
+// RecordFailure writes an audit event for a replay that did not happen.
+func (s *Store) RecordFailure(ctx context.Context, id int64, operator, reason, result string) error {
+	return addEvent(ctx, s.db, id, EventReplayFailed, operator, reason, result, "", 0)
+}
+
+func (s *Store) transition(ctx context.Context, id int64, to Status, from []Status, event, operator, reason, result string) error {
+	return sqldb.InTx(ctx, s.db, func(tx *sqlx.Tx) error {
+		var st Status
+		err := tx.GetContext(ctx, &st, "SELECT status FROM t_dead_letter WHERE id = ? FOR UPDATE", id)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("dead letter %d: %w", id, ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		ok := false
+		for _, f := range from {
+			ok = ok || st == f
+		}
+		if !ok {
+			return fmt.Errorf("dead letter %d is %s: %w", id, st, ErrWrongStatus)
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE t_dead_letter SET status = ?, updated_by = ?, reason = ? WHERE id = ?",
+			to, operator, reason, id); err != nil {
+			return err
+		}
+		return addEvent(ctx, tx, id, event, operator, reason, result, "", 0)
+	})
+}
+
+// PendingAlerts returns NEW dead letters whose alert is not sent yet.
+func (s *Store) PendingAlerts(ctx context.Context, limit int) ([]DeadLetter, error) {
+	var out []DeadLetter
+	err := s.db.SelectContext(ctx, &out, "SELECT "+columns+
+		" FROM t_dead_letter WHERE status = 'NEW' AND alerted_at IS NULL ORDER BY id LIMIT ?", limit)
+	return out, err
+}
+
+// MarkAlerted records that the alert for a dead letter was delivered.
+func (s *Store) MarkAlerted(ctx context.Context, id int64) error {
+	_, err := s.db.ExecContext(ctx, "UPDATE t_dead_letter SET alerted_at = CURRENT_TIMESTAMP(3) WHERE id = ?", id)
+	return err
+}
+
+// Stats are the numbers metrics need: NEW rows and the oldest NEW failure.
+func (s *Store) Stats(ctx context.Context) (newCount int, oldest time.Time, err error) {
+	var row struct {
+		N      int        `db:"n"`
+		Oldest *time.Time `db:"oldest"`
+	}
+	err = s.db.GetContext(ctx, &row, "SELECT COUNT(*) AS n, MIN(first_failed_at) AS oldest FROM t_dead_letter WHERE status = 'NEW'")
+	if row.Oldest != nil {
+		oldest = *row.Oldest
+	}
+	return row.N, oldest, err
+}

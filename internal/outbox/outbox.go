@@ -1,0 +1,55 @@
+// Package outbox delivers the payment-success notice without letting it touch
+// the payment: the notice is written in the payment's own transaction, and a
+// dispatcher publishes it afterwards, with publisher confirms and its own
+// retries. A notice that cannot be sent never causes a redelivery of the
+// payment message, let alone a second charge.
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paysvc/paysvc/internal/money"
+)
+
+// Notice topology: ex.pay.notify (topic) → q.pay.notify, routing key
+// pay.success. Notices are kept in q.pay.notify for whoever sends them on.
+const (
+	Exchange   = "ex.pay.notify"
+	Queue      = "q.pay.notify"
+	RoutingKey = "pay.success"
+)
+
+// EventPaymentSucceeded is the event type of a payment-success notice.
+const EventPaymentSucceeded = "PAYMENT_SUCCEEDED"
+
+// Notice is the payload published to ex.pay.notify.
+type Notice struct {
+	Event   string `json:"event"`
+	OrderNo string `json:"orderNo"`
+	UserID  int64  `json:"userId"`
+	Amount  string `json:"amount"`
+	PaidAt  string `json:"paidAt"`
+}
+
+// AddPaymentSucceeded writes the notice for a payment inside the caller's
+// transaction.
+func AddPaymentSucceeded(ctx context.Context, tx sqlx.ExtContext, orderNo string, userID int64, amount money.Cents, paidAt time.Time) error {
+	payload, err := json.Marshal(Notice{
+		Event: EventPaymentSucceeded, OrderNo: orderNo, UserID: userID,
+		Amount: amount.String(), PaidAt: paidAt.UTC().Format(time.RFC3339Nano),
+	})
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, "INSERT INTO t_outbox (event_type, biz_no, payload) VALUES (?, ?, ?)",
+		EventPaymentSucceeded, orderNo, payload)
+	if err != nil {
+		return fmt.Errorf("outbox %s: %w", orderNo, err)
+	}
+	return nil
+}

@@ -1,0 +1,221 @@
+// Package reconcile checks money rows against each other and reverses
+// duplicate charges. It never deletes or updates a money row: a fix is a new
+// REVERSE_DEDUCT flow, with the balance given back, in one transaction; a
+// second run finds the reversal and books nothing new.
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paysvc/paysvc/internal/account"
+	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/sqldb"
+)
+
+// Kinds of problem.
+const (
+	DuplicateFlow      = "duplicate_flow"       // PAY_DEDUCT booked more than once for one biz_no
+	PartiallyReversed  = "partially_reversed"   // a reversal exists but does not cover every duplicate
+	PaidWithoutFlow    = "paid_without_flow"    // order PAID/SETTLED, no PAY_DEDUCT flow
+	FlowWithoutPayment = "flow_without_payment" // PAY_DEDUCT flow, order missing or INIT
+	FlowMismatch       = "flow_mismatch"        // flow user or amount differ from the order's
+	BalanceMismatch    = "balance_mismatch"     // balance != opening balance + flows since
+)
+
+// Problem is one finding.
+type Problem struct {
+	Kind   string
+	BizNo  string
+	UserID int64
+	Detail string
+	Fixed  bool // a reversal was booked by this run
+}
+
+// Report is what a run found.
+type Report struct {
+	Problems   []Problem
+	Reconciled int // duplicate groups already reversed by an earlier run
+}
+
+// Options bound a run.
+type Options struct {
+	From, To time.Time // flows and payments in [From, To); zero: unbounded
+	Fix      bool      // book reversals for duplicate flows
+}
+
+// ReverseSuffix makes the biz_no of a reversal: <orig>-REVERSE.
+const ReverseSuffix = "-REVERSE"
+
+// Run checks everything and, with Fix, reverses duplicate flows.
+func Run(ctx context.Context, db *sqlx.DB, o Options) (Report, error) {
+	var r Report
+	if err := duplicates(ctx, db, o, &r); err != nil {
+		return r, err
+	}
+	steps := []func(context.Context, *sqlx.DB, Options, *Report) error{paidWithoutFlow, flowWithoutPayment, flowMismatch, balances}
+	for _, step := range steps {
+		if err := step(ctx, db, o, &r); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+func window(col string, o Options) (string, []any) {
+	q, args := "", []any{}
+	if !o.From.IsZero() {
+		q += " AND " + col + " >= ?"
+		args = append(args, o.From.UTC())
+	}
+	if !o.To.IsZero() {
+		q += " AND " + col + " < ?"
+		args = append(args, o.To.UTC())
+	}
+	return q, args
+}
+
+func duplicates(ctx context.Context, db *sqlx.DB, o Options, r *Report) error {
+	w, args := window("create_time", o)
+	var groups []struct {
+		BizNo   string `db:"biz_no"`
+		UserID  int64  `db:"user_id"`
+		N       int    `db:"n"`
+		FirstID int64  `db:"first_id"`
+	}
+	err := db.SelectContext(ctx, &groups, `SELECT biz_no, MIN(user_id) AS user_id, COUNT(*) AS n, MIN(id) AS first_id
+		FROM t_account_flow WHERE type = 'PAY_DEDUCT'`+w+` GROUP BY biz_no HAVING COUNT(*) > 1 ORDER BY biz_no`, args...)
+	if err != nil {
+		return fmt.Errorf("reconcile: duplicates: %w", err)
+	}
+	for _, g := range groups {
+		// Every flow but the first is extra; its (negative) amounts summed.
+		var extra money.Cents
+		if err := db.GetContext(ctx, &extra, `SELECT COALESCE(SUM(amount), 0) FROM t_account_flow
+			WHERE biz_no = ? AND type = 'PAY_DEDUCT' AND id <> ?`, g.BizNo, g.FirstID); err != nil {
+			return err
+		}
+		refund := -extra
+		var reversed []money.Cents
+		if err := db.SelectContext(ctx, &reversed, `SELECT amount FROM t_account_flow WHERE biz_no = ? AND type = ?`,
+			g.BizNo+ReverseSuffix, account.TypeReverseDeduct); err != nil {
+			return err
+		}
+		p := Problem{Kind: DuplicateFlow, BizNo: g.BizNo, UserID: g.UserID,
+			Detail: fmt.Sprintf("%d PAY_DEDUCT flows; %s charged twice or more", g.N, refund)}
+		switch {
+		case len(reversed) == 1 && reversed[0] == refund:
+			r.Reconciled++
+			continue
+		case len(reversed) == 1:
+			p.Kind = PartiallyReversed
+			p.Detail += fmt.Sprintf("; reversal %s books %s: fix by hand", g.BizNo+ReverseSuffix, reversed[0])
+		case o.Fix:
+			if err := reverse(ctx, db, g.UserID, refund, g.BizNo); err != nil {
+				return err
+			}
+			p.Fixed = true
+			p.Detail += fmt.Sprintf("; reversed by %s (+%s)", g.BizNo+ReverseSuffix, refund)
+		}
+		r.Problems = append(r.Problems, p)
+	}
+	return nil
+}
+
+// reverse books one REVERSE_DEDUCT flow and gives the amount back, in one
+// transaction. A reversal that already exists (another run got there first)
+// is not an error.
+func reverse(ctx context.Context, db *sqlx.DB, userID int64, refund money.Cents, bizNo string) error {
+	err := sqldb.InTx(ctx, db, func(tx *sqlx.Tx) error {
+		return account.Credit(ctx, tx, userID, refund, bizNo+ReverseSuffix, account.TypeReverseDeduct,
+			"reversal of duplicate PAY_DEDUCT "+bizNo)
+	})
+	if errors.Is(err, account.ErrDuplicateFlow) {
+		return nil
+	}
+	return err
+}
+
+func paidWithoutFlow(ctx context.Context, db *sqlx.DB, o Options, r *Report) error {
+	w, args := window("o.pay_time", o)
+	var rows []struct {
+		OrderNo string `db:"order_no"`
+		UserID  int64  `db:"user_id"`
+		Status  string `db:"status"`
+	}
+	err := db.SelectContext(ctx, &rows, `SELECT o.order_no, o.user_id, o.status FROM t_order o
+		WHERE o.status IN ('PAID', 'SETTLED')`+w+`
+		  AND NOT EXISTS (SELECT 1 FROM t_account_flow f WHERE f.biz_no = o.order_no AND f.type = 'PAY_DEDUCT')
+		ORDER BY o.order_no`, args...)
+	for _, x := range rows {
+		r.Problems = append(r.Problems, Problem{Kind: PaidWithoutFlow, BizNo: x.OrderNo, UserID: x.UserID,
+			Detail: "order is " + x.Status + " but no PAY_DEDUCT flow exists"})
+	}
+	return err
+}
+
+func flowWithoutPayment(ctx context.Context, db *sqlx.DB, o Options, r *Report) error {
+	w, args := window("f.create_time", o)
+	var rows []struct {
+		BizNo  string      `db:"biz_no"`
+		UserID int64       `db:"user_id"`
+		Amount money.Cents `db:"amount"`
+		Status *string     `db:"status"`
+	}
+	err := db.SelectContext(ctx, &rows, `SELECT f.biz_no, f.user_id, f.amount, o.status FROM t_account_flow f
+		LEFT JOIN t_order o ON o.order_no = f.biz_no
+		WHERE f.type = 'PAY_DEDUCT' AND (o.order_no IS NULL OR o.status = 'INIT')`+w+` ORDER BY f.id`, args...)
+	for _, x := range rows {
+		why := "order missing"
+		if x.Status != nil {
+			why = "order is " + *x.Status
+		}
+		r.Problems = append(r.Problems, Problem{Kind: FlowWithoutPayment, BizNo: x.BizNo, UserID: x.UserID,
+			Detail: fmt.Sprintf("PAY_DEDUCT %s, %s", x.Amount, why)})
+	}
+	return err
+}
+
+func flowMismatch(ctx context.Context, db *sqlx.DB, o Options, r *Report) error {
+	w, args := window("f.create_time", o)
+	var rows []struct {
+		BizNo      string      `db:"biz_no"`
+		FlowUser   int64       `db:"flow_user"`
+		FlowAmount money.Cents `db:"flow_amount"`
+		OrderUser  int64       `db:"order_user"`
+		OrderAmt   money.Cents `db:"order_amount"`
+	}
+	err := db.SelectContext(ctx, &rows, `SELECT f.biz_no, f.user_id AS flow_user, f.amount AS flow_amount,
+		o.user_id AS order_user, o.amount AS order_amount
+		FROM t_account_flow f JOIN t_order o ON o.order_no = f.biz_no
+		WHERE f.type = 'PAY_DEDUCT' AND (f.user_id <> o.user_id OR -f.amount <> o.amount)`+w+` ORDER BY f.id`, args...)
+	for _, x := range rows {
+		r.Problems = append(r.Problems, Problem{Kind: FlowMismatch, BizNo: x.BizNo, UserID: x.FlowUser,
+			Detail: fmt.Sprintf("flow user %d amount %s; order user %d amount %s", x.FlowUser, x.FlowAmount, x.OrderUser, x.OrderAmt)})
+	}
+	return err
+}
+
+func balances(ctx context.Context, db *sqlx.DB, _ Options, r *Report) error {
+	var rows []struct {
+		UserID   int64       `db:"user_id"`
+		Balance  money.Cents `db:"balance"`
+		Expected money.Cents `db:"expected"`
+	}
+	err := db.SelectContext(ctx, &rows, `SELECT a.user_id, a.balance,
+		ob.balance + COALESCE((SELECT SUM(f.amount) FROM t_account_flow f
+			WHERE f.user_id = ob.user_id AND f.create_time >= ob.as_of), 0) AS expected
+		FROM t_account_opening ob JOIN t_account a ON a.user_id = ob.user_id
+		ORDER BY a.user_id`)
+	for _, x := range rows {
+		if x.Balance != x.Expected {
+			r.Problems = append(r.Problems, Problem{Kind: BalanceMismatch, UserID: x.UserID,
+				Detail: fmt.Sprintf("balance %s, opening balance plus flows %s (difference %s)", x.Balance, x.Expected, x.Balance-x.Expected)})
+		}
+	}
+	return err
+}

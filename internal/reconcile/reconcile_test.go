@@ -1,0 +1,97 @@
+package reconcile_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/reconcile"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+func kinds(r reconcile.Report) map[string]int {
+	n := map[string]int{}
+	for _, p := range r.Problems {
+		n[p.Kind]++
+	}
+	return n
+}
+
+// Legacy data from before the unique index: a payment booked three times, and
+// the other inconsistencies reconcile reports.
+func TestReconcileFindsAndReversesDuplicates(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	ctx := context.Background()
+	db.MustExec("ALTER TABLE t_account_flow DROP INDEX uk_biz_no_type")
+	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 40.00), (2, 100.00), (3, 100.00)")
+	db.MustExec("INSERT INTO t_account_opening (user_id, balance, as_of) VALUES (1, 100.00, '2020-01-01'), (2, 100.00, '2020-01-01')")
+	db.MustExec(`INSERT INTO t_order (order_no, user_id, amount, status) VALUES
+		('DUP', 1, 20.00, 'PAID'), ('NOFLOW', 2, 5.00, 'PAID'), ('MIS', 3, 7.00, 'PAID'), ('INIT1', 3, 1.00, 'INIT')`)
+	db.MustExec(`INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES
+		(1, -20.00, 'DUP', 'PAY_DEDUCT'), (1, -20.00, 'DUP', 'PAY_DEDUCT'), (1, -20.00, 'DUP', 'PAY_DEDUCT'),
+		(3, -7.01, 'MIS', 'PAY_DEDUCT'), (3, -1.00, 'INIT1', 'PAY_DEDUCT'), (3, -2.00, 'GONE', 'PAY_DEDUCT')`)
+
+	rep, err := reconcile.Run(ctx, db, reconcile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{reconcile.DuplicateFlow: 1, reconcile.PaidWithoutFlow: 1, reconcile.FlowMismatch: 1,
+		reconcile.FlowWithoutPayment: 2, reconcile.BalanceMismatch: 0}
+	got := kinds(rep)
+	for k, n := range want {
+		if got[k] != n {
+			t.Errorf("%s: %d, want %d (report %+v)", k, got[k], n, rep.Problems)
+		}
+	}
+	// User 1: opening 100, three -20 flows → expected 40 = balance: consistent
+	// before the fix (the duplicates really were charged).
+	var before int
+	db.Get(&before, "SELECT COUNT(*) FROM t_account_flow")
+
+	rep, err = reconcile.Run(ctx, db, reconcile.Options{Fix: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := kinds(rep); k[reconcile.DuplicateFlow] != 1 || !rep.Problems[0].Fixed {
+		t.Fatalf("fix run: %+v", rep.Problems)
+	}
+	var bal, rev money.Cents
+	db.Get(&bal, "SELECT balance FROM t_account WHERE user_id = 1")
+	db.Get(&rev, "SELECT amount FROM t_account_flow WHERE biz_no = 'DUP-REVERSE' AND type = 'REVERSE_DEDUCT'")
+	if bal != 8000 || rev != 4000 {
+		t.Fatalf("after fix: balance %s, reversal %s; want 80.00 and +40.00", bal, rev)
+	}
+	var pay int
+	db.Get(&pay, "SELECT COUNT(*) FROM t_account_flow WHERE biz_no = 'DUP' AND type = 'PAY_DEDUCT'")
+	if pay != 3 {
+		t.Fatalf("%d PAY_DEDUCT rows for DUP: the fix must not delete money rows", pay)
+	}
+
+	// Idempotent: a second fix books nothing and no longer reports the group.
+	rep, err = reconcile.Run(ctx, db, reconcile.Options{Fix: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var after int
+	db.Get(&after, "SELECT COUNT(*) FROM t_account_flow")
+	if after != before+1 || kinds(rep)[reconcile.DuplicateFlow] != 0 || rep.Reconciled != 1 || kinds(rep)[reconcile.BalanceMismatch] != 0 {
+		t.Fatalf("second fix: %d flows (want %d), report %+v", after, before+1, rep)
+	}
+}
+
+func TestReconcileBalanceMismatch(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 95.00)")
+	db.MustExec("INSERT INTO t_account_opening (user_id, balance, as_of) VALUES (1, 100.00, '2020-01-01')")
+	db.MustExec("INSERT INTO t_order (order_no, user_id, amount, status) VALUES ('W1', 1, 3.00, 'PAID')")
+	db.MustExec("INSERT INTO t_account_flow (user_id, amount, biz_no, type, create_time) VALUES (1, -3.00, 'W1', 'PAY_DEDUCT', '2026-01-01')")
+	rep, err := reconcile.Run(context.Background(), db, reconcile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Problems) != 1 || rep.Problems[0].Kind != reconcile.BalanceMismatch {
+		t.Fatalf("report %+v, want one balance mismatch (95.00 vs 97.00)", rep.Problems)
+	}
+}
