@@ -44,8 +44,16 @@ type Config struct {
 		Delays      []time.Duration
 		MaxAttempts int
 	}
-	HTTP struct{ Addr string }
-	Log  struct{ Level, Format string }
+	HTTP      struct{ Addr string }
+	Log       struct{ Level, Format string }
+	Admin     struct{ Token string }
+	Alert     struct{ WebhookURL string }
+	Metrics   struct{ QueueInterval time.Duration }
+	Reconcile struct {
+		Interval time.Duration
+		Window   time.Duration
+		Fix      bool
+	}
 }
 
 // defaults holds every key, spelled as in config.yaml, with its default.
@@ -71,6 +79,12 @@ var defaults = []struct {
 	{"http.addr", "127.0.0.1:8080"},
 	{"log.level", "info"},
 	{"log.format", "json"},
+	{"admin.token", ""},
+	{"alert.webhookUrl", ""},
+	{"metrics.queueInterval", "15s"},
+	{"reconcile.interval", "0s"},
+	{"reconcile.window", "24h"},
+	{"reconcile.fix", false},
 }
 
 // envName is the environment variable for a key: amqp.url → PAYSVC_AMQP_URL.
@@ -149,6 +163,12 @@ func loadConfig(path string, mustExist bool, env map[string]string) (*Config, er
 	c.HTTP.Addr = d.str("http.addr")
 	c.Log.Level = strings.ToLower(d.str("log.level"))
 	c.Log.Format = strings.ToLower(d.str("log.format"))
+	c.Admin.Token = d.str("admin.token")
+	c.Alert.WebhookURL = d.str("alert.webhookUrl")
+	c.Metrics.QueueInterval = d.duration("metrics.queueInterval")
+	c.Reconcile.Interval = d.duration("reconcile.interval")
+	c.Reconcile.Window = d.duration("reconcile.window")
+	c.Reconcile.Fix = d.bool("reconcile.fix")
 	errs = append(errs, d.errs...)
 	errs = append(errs, c.validate()...)
 	if len(errs) > 0 {
@@ -227,6 +247,23 @@ func (c *Config) validate() []error {
 	if c.Log.Format != "json" && c.Log.Format != "console" {
 		bad("log.format", "want json or console, got %q", c.Log.Format)
 	}
+	if t := c.Admin.Token; t != "" && len(t) < 16 {
+		bad("admin.token", "want at least 16 characters")
+	}
+	if u := c.Alert.WebhookURL; u != "" {
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			bad("alert.webhookUrl", "want an http:// or https:// URL")
+		}
+	}
+	if c.Metrics.QueueInterval < 100*time.Millisecond {
+		bad("metrics.queueInterval", "want at least 100ms, got %s", c.Metrics.QueueInterval)
+	}
+	if c.Reconcile.Interval < 0 || (c.Reconcile.Interval > 0 && c.Reconcile.Interval < time.Second) {
+		bad("reconcile.interval", "want 0 (off) or at least 1s, got %s", c.Reconcile.Interval)
+	}
+	if c.Reconcile.Window <= 0 {
+		bad("reconcile.window", "want a positive duration, got %s", c.Reconcile.Window)
+	}
 	return errs
 }
 
@@ -290,6 +327,22 @@ func (d *decoder) parseDuration(key string, val any) time.Duration {
 	return t
 }
 
+func (d *decoder) bool(key string) bool {
+	switch val := d.v.Get(key).(type) {
+	case bool:
+		return val
+	case string:
+		b, err := strconv.ParseBool(strings.TrimSpace(val))
+		if err != nil {
+			d.fail(key, strconv.Quote(val), "true or false")
+		}
+		return b
+	default:
+		d.fail(key, val, "true or false")
+		return false
+	}
+}
+
 // durations reads a YAML list, or a comma-separated string from the
 // environment (PAYSVC_RETRY_DELAYS=1s,2s,3s).
 func (d *decoder) durations(key string) []time.Duration {
@@ -325,10 +378,7 @@ func (c *Config) redacted() map[string]any {
 		}
 		dsn = cfg.FormatDSN()
 	}
-	redisPassword := ""
-	if c.Redis.Password != "" {
-		redisPassword = "xxxxx"
-	}
+	redisPassword := secret(c.Redis.Password)
 	delays := make([]string, len(c.Retry.Delays))
 	for i, d := range c.Retry.Delays {
 		delays[i] = d.String()
@@ -342,5 +392,17 @@ func (c *Config) redacted() map[string]any {
 		"idempotent.lease": c.Idempotent.Lease.String(), "idempotent.redisFallback": c.Idempotent.RedisFallback,
 		"retry.delays": delays, "retry.maxAttempts": c.Retry.MaxAttempts,
 		"http.addr": c.HTTP.Addr, "log.level": c.Log.Level, "log.format": c.Log.Format,
+		"admin.token": secret(c.Admin.Token), "alert.webhookUrl": secret(c.Alert.WebhookURL),
+		"metrics.queueInterval": c.Metrics.QueueInterval.String(),
+		"reconcile.interval":    c.Reconcile.Interval.String(), "reconcile.window": c.Reconcile.Window.String(),
+		"reconcile.fix": c.Reconcile.Fix,
 	}
+}
+
+// secret shows whether a secret is set, never its value.
+func secret(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "xxxxx"
 }

@@ -3,11 +3,15 @@
 //
 //	paysvc [--config FILE] migrate   apply the embedded schema migrations
 //	paysvc [--config FILE] run       run the consumer daemon
+//	paysvc dlq list|show|replay|discard ...   inspect and replay terminal messages
+//	paysvc reconcile [--fix]         check money rows, reverse duplicate charges
+//	paysvc trace ORDER_NO            what happened to one order
 //	paysvc version                   print the version
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 )
@@ -18,6 +22,10 @@ var version = "dev"
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Environ(), os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "paysvc: %v\n", err)
+		var exit *exitError
+		if errors.As(err, &exit) {
+			os.Exit(exit.code)
+		}
 		os.Exit(1)
 	}
 }

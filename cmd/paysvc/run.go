@@ -6,73 +6,115 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"os"
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/paysvc/paysvc/internal/idem"
-	"github.com/paysvc/paysvc/internal/listener"
-	"github.com/paysvc/paysvc/internal/order"
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/migrations"
 )
 
-const usage = `usage: paysvc [--config FILE] <command>
+const usage = `usage: paysvc [--config FILE] <command> [arguments]
 
 commands:
-  migrate   apply the embedded schema migrations (safe to re-run)
-  run       consume q.pay.success until SIGTERM or SIGINT
-  version   print the version
+  migrate                 apply the embedded schema migrations (safe to re-run)
+  run                     consume q.pay.success until SIGTERM or SIGINT
+  dlq list [--class C] [--since T] [--status S]
+  dlq show ID|ORDER_NO
+  dlq replay (ID|ORDER_NO... | --class C | --all) [--dry-run] --reason "..." [--operator NAME] [--rate N]
+  dlq discard ID|ORDER_NO --reason "..." [--operator NAME]
+  reconcile [--from T] [--to T] [--fix]   exit status 2 when it finds problems
+  trace ORDER_NO [--log FILE]
+  version                 print the version
 
 --config defaults to ./config.yaml (optional unless given). Every key can be
 overridden by PAYSVC_<SECTION>_<KEY>, or PAYSVC_<SECTION>_<KEY>_FILE.
 `
 
-// run parses args and runs one command. env is the process environment
-// (KEY=VALUE); logs go to out.
-func run(ctx context.Context, args, env []string, out io.Writer) error {
-	configPath, mustExist := "config.yaml", false
-	parse := func(args []string) ([]string, error) {
-		fs := flag.NewFlagSet("paysvc", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		path := fs.String("config", "", "config file")
-		if err := fs.Parse(args); err != nil {
-			return nil, fmt.Errorf("%w\n%s", err, usage)
-		}
-		if *path != "" {
-			configPath, mustExist = *path, true
-		}
-		return fs.Args(), nil
+// exitError carries a process exit status other than 1.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+
+// command is one parsed command line.
+type command struct {
+	name       string   // migrate, run, dlq, reconcile, trace, version
+	sub        string   // dlq's list, show, replay, discard
+	args       []string // positional arguments
+	configPath string
+	mustExist  bool
+	flags      *flag.FlagSet
+}
+
+// parseCommand reads [--config FILE] NAME [SUB] and the command's flags,
+// which may come before or after its positional arguments.
+func parseCommand(args []string, define func(name, sub string, fs *flag.FlagSet)) (*command, error) {
+	c := &command{configPath: "config.yaml"}
+	global := flag.NewFlagSet("paysvc", flag.ContinueOnError)
+	global.SetOutput(io.Discard)
+	cfgFlag := global.String("config", "", "config file")
+	if err := global.Parse(args); err != nil {
+		return nil, fmt.Errorf("%w\n%s", err, usage)
 	}
-	rest, err := parse(args)
+	rest := global.Args()
+	if len(rest) == 0 {
+		return nil, errors.New(usage)
+	}
+	c.name, rest = rest[0], rest[1:]
+	if c.name == "dlq" {
+		if len(rest) == 0 {
+			return nil, fmt.Errorf("dlq: want list, show, replay or discard\n%s", usage)
+		}
+		c.sub, rest = rest[0], rest[1:]
+	}
+	c.flags = flag.NewFlagSet(c.name, flag.ContinueOnError)
+	c.flags.SetOutput(io.Discard)
+	cmdCfg := c.flags.String("config", "", "config file")
+	define(c.name, c.sub, c.flags)
+	for {
+		if err := c.flags.Parse(rest); err != nil {
+			return nil, fmt.Errorf("%s: %w\n%s", c.name, err, usage)
+		}
+		rest = c.flags.Args()
+		if len(rest) == 0 {
+			break
+		}
+		c.args, rest = append(c.args, rest[0]), rest[1:]
+	}
+	for _, p := range []string{*cfgFlag, *cmdCfg} {
+		if p != "" {
+			c.configPath, c.mustExist = p, true
+		}
+	}
+	return c, nil
+}
+
+// run parses args and runs one command. env is the process environment
+// (KEY=VALUE); output and logs go to out.
+func run(ctx context.Context, args, env []string, out io.Writer) error {
+	var opts cliOptions
+	cmd, err := parseCommand(args, opts.define)
 	if err != nil {
 		return err
 	}
-	if len(rest) == 0 {
-		return errors.New(usage)
-	}
-	cmd := rest[0]
-	if rest, err = parse(rest[1:]); err != nil {
-		return err
-	}
-	if len(rest) > 0 {
-		return fmt.Errorf("%s: unexpected arguments %q\n%s", cmd, rest, usage)
-	}
-	if cmd == "version" {
+	switch {
+	case cmd.name == "version":
 		fmt.Fprintln(out, versionString())
 		return nil
-	}
-	if cmd != "run" && cmd != "migrate" {
-		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+	case cmd.name == "dlq" && !slices.Contains([]string{"list", "show", "replay", "discard"}, cmd.sub):
+		return fmt.Errorf("dlq: unknown subcommand %q\n%s", cmd.sub, usage)
+	case !slices.Contains([]string{"run", "migrate", "dlq", "reconcile", "trace"}, cmd.name):
+		return fmt.Errorf("unknown command %q\n%s", cmd.name, usage)
 	}
 
 	envMap := map[string]string{}
@@ -81,21 +123,26 @@ func run(ctx context.Context, args, env []string, out io.Writer) error {
 			envMap[k] = v
 		}
 	}
-	cfg, err := loadConfig(configPath, mustExist, envMap)
+	cfg, err := loadConfig(cmd.configPath, cmd.mustExist, envMap)
 	if err != nil {
 		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if cmd.name == "dlq" || cmd.name == "reconcile" || cmd.name == "trace" {
+		return runTool(ctx, cmd, &opts, cfg, envMap, out)
+	}
+	if len(cmd.args) > 0 {
+		return fmt.Errorf("%s: unexpected arguments %q\n%s", cmd.name, cmd.args, usage)
 	}
 	log, err := newLogger(cfg, out)
 	if err != nil {
 		return err
 	}
 	defer log.Sync()
-	log.Info("paysvc starting", zap.String("command", cmd), zap.String("version", version),
+	log.Info("paysvc starting", zap.String("command", cmd.name), zap.String("version", version),
 		zap.Any("config", cfg.redacted()))
-
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if cmd == "migrate" {
+	if cmd.name == "migrate" {
 		return migrate(ctx, cfg, log)
 	}
 	return daemon(ctx, cfg, log)
@@ -152,66 +199,6 @@ func migrate(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	return nil
 }
 
-// daemon wires config → MySQL → Redis → consumer → admin HTTP, and runs until
-// ctx ends.
-func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
-	db, err := openMySQL(ctx, cfg, log)
-	if err != nil {
-		return err
-	}
-	if db == nil {
-		return nil // stopped while waiting
-	}
-	defer db.Close()
-
-	rdb := redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs:        []string{cfg.Redis.Addr},
-		Password:     cfg.Redis.Password,
-		DB:           cfg.Redis.DB,
-		DialTimeout:  2 * time.Second,
-		ReadTimeout:  time.Second,
-		WriteTimeout: time.Second,
-		PoolSize:     cfg.AMQP.Workers + 4,
-	})
-	defer rdb.Close()
-	guard := idem.New(rdb, idem.Config{
-		KeyPrefix: cfg.Idempotent.KeyPrefix,
-		TTL:       cfg.Idempotent.TTL,
-		Lease:     cfg.Idempotent.Lease,
-	})
-
-	host, _ := os.Hostname()
-	consumer := listener.New(listener.Config{
-		URL:            cfg.AMQP.URL,
-		ConnectionName: fmt.Sprintf("paysvc %s %s/%d", version, host, os.Getpid()),
-		Prefetch:       cfg.AMQP.Prefetch,
-		Workers:        cfg.AMQP.Workers,
-		Retry:          listener.RetryPolicy{Delays: cfg.Retry.Delays, MaxAttempts: cfg.Retry.MaxAttempts},
-		RedisFallback:  listener.Fallback(cfg.Idempotent.RedisFallback),
-		HandleTimeout:  cfg.Idempotent.Lease / 2,
-		DrainTimeout:   cfg.AMQP.DrainTimeout,
-		PublishTimeout: 10 * time.Second,
-		MaxBackoff:     15 * time.Second,
-	}, order.NewStore(db), guard, log)
-
-	if cfg.HTTP.Addr != "" {
-		srv := &http.Server{Addr: cfg.HTTP.Addr, Handler: adminHandler(consumer), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("admin http server", zap.Error(err))
-			}
-		}()
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			srv.Shutdown(sctx)
-		}()
-	}
-	err = consumer.Run(ctx)
-	log.Info("paysvc stopped", zap.Error(err))
-	return err
-}
-
 // openMySQL waits for MySQL with capped backoff (a database that is still
 // starting is no reason to crash-loop), then checks the schema: a missing
 // migration or unique index stops start-up.
@@ -238,19 +225,4 @@ func openMySQL(ctx context.Context, cfg *Config, log *zap.Logger) (*sqldb.DB, er
 		}
 		wait = min(2*wait, 15*time.Second)
 	}
-}
-
-func adminHandler(c *listener.Consumer) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "ok\n")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if !c.Ready() {
-			http.Error(w, "not consuming", http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "ready\n")
-	})
-	return mux
 }

@@ -16,7 +16,9 @@ import (
 	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/fault"
 	"github.com/paysvc/paysvc/internal/idem"
+	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/order"
+	"github.com/paysvc/paysvc/internal/trace"
 )
 
 // Fallback says what happens to messages while Redis cannot be reached.
@@ -42,6 +44,9 @@ type Config struct {
 	DrainTimeout   time.Duration // bound on finishing in-flight messages at shutdown
 	PublishTimeout time.Duration // bound on one retry/terminal publish and its confirm
 	MaxBackoff     time.Duration // cap on reconnect and dependency-wait backoff
+
+	Metrics *metrics.Metrics // nil: an unregistered set
+	Events  *trace.Recorder  // nil: outcomes are only logged
 }
 
 // Consumer consumes q.pay.success until its context ends.
@@ -50,6 +55,7 @@ type Consumer struct {
 	orders *order.Store
 	guard  *idem.Guard
 	log    *zap.Logger
+	m      *metrics.Metrics
 
 	ready atomic.Bool
 	// redisDownUntil (unix nanos) skips Redis for a while under OPEN after
@@ -62,11 +68,23 @@ func New(cfg Config, orders *order.Store, guard *idem.Guard, log *zap.Logger) *C
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Consumer{cfg: cfg, orders: orders, guard: guard, log: log}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New()
+	}
+	return &Consumer{cfg: cfg, orders: orders, guard: guard, log: log, m: cfg.Metrics}
 }
 
 // Ready reports whether the consumer is consuming.
 func (c *Consumer) Ready() bool { return c.ready.Load() }
+
+func (c *Consumer) setReady(ok bool) {
+	c.ready.Store(ok)
+	if ok {
+		c.m.Ready.Set(1)
+	} else {
+		c.m.Ready.Set(0)
+	}
+}
 
 // pauseError ends a session because a dependency is down.
 type pauseError struct{ class Class }
@@ -94,6 +112,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		started := time.Now()
 		err := c.session(ctx)
+		c.setReady(false)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -102,6 +121,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return err
 		}
 		first = false
+		c.m.Reconnects.WithLabelValues("consumer").Inc()
 		if time.Since(started) > time.Minute {
 			bo.Reset()
 		}
@@ -205,12 +225,12 @@ func (c *Consumer) session(ctx context.Context) error {
 			}
 		})
 	}
-	c.ready.Store(true)
+	c.setReady(true)
 	c.log.Info("consuming", zap.String("queue", MainQueue), zap.String("consumer_tag", tag),
 		zap.Int("prefetch", c.cfg.Prefetch), zap.Int("workers", c.cfg.Workers))
 
 	reason := dispatch(ctx, deliveries, work, pause, connClosed, chClosed)
-	c.ready.Store(false)
+	c.setReady(false)
 
 	// Stop intake first, so the broker sends nothing more.
 	cancelled := make(chan struct{})
@@ -344,6 +364,23 @@ func (c *Consumer) process(ctx context.Context, pub *broker.Publisher, d amqp.De
 	if out.err != nil && out.kind != Duplicate {
 		fields = append(fields, zap.NamedError("error", out.err))
 	}
+	c.m.Messages.WithLabelValues(result).Inc()
+	c.m.Duration.Observe(time.Since(start).Seconds())
+	if out.class != ClassNone {
+		c.m.Errors.WithLabelValues(string(out.class)).Inc()
+	}
+	if result != "FIRST" && out.orderNo != "" && c.cfg.Events != nil {
+		detail := ""
+		if out.err != nil && out.kind != Duplicate {
+			detail = out.err.Error()
+		}
+		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		if err := c.cfg.Events.Record(bg, trace.Event{OrderNo: out.orderNo, Event: result,
+			ErrorClass: string(out.class), Attempt: count, Detail: detail}); err != nil {
+			c.log.Warn("could not record the outcome for trace", zap.String("order_no", out.orderNo), zap.Error(err))
+		}
+		cancel()
+	}
 	if brokerErr != nil {
 		// The channel is gone; the broker redelivers and the guards find the
 		// outcome.
@@ -412,6 +449,7 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 		case st == idem.InFlight:
 			return settle(fmt.Errorf("order %s: %w", p.OrderNo, errInFlight))
 		default:
+			c.m.Disagreements.WithLabelValues("redis_done_db_unpaid").Inc()
 			c.log.Warn("redis and database disagree: key says done, order is not paid; applying",
 				zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key))
 		}
@@ -427,6 +465,10 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 	switch {
 	case !held:
 	case kind == Applied || kind == Duplicate:
+		if kind == Duplicate {
+			// Redis let the message through as new; the database had it.
+			c.m.Disagreements.WithLabelValues("redis_new_db_applied").Inc()
+		}
 		if err := c.guard.Done(bg, p.OrderNo); err != nil {
 			c.log.Warn("could not mark the key done; its lease will expire and the database stays the guard",
 				zap.String("order_no", p.OrderNo), zap.Error(err))
@@ -447,11 +489,13 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 func (c *Consumer) claim(ctx context.Context, orderNo string) (idem.State, idem.Claim, bool, error) {
 	open := c.cfg.RedisFallback == FallbackOpen
 	if open && time.Now().UnixNano() < c.redisDownUntil.Load() {
+		c.m.Degraded.Set(1)
 		c.log.Warn("redis guard skipped: degraded (idempotent.redisFallback=OPEN)", zap.String("order_no", orderNo))
 		return 0, idem.Claim{}, true, nil
 	}
 	st, claim, err := c.guard.Claim(ctx, orderNo)
 	if err == nil {
+		c.m.Degraded.Set(0)
 		return st, claim, false, nil
 	}
 	// The SET may have landed before the reply was lost: free it if we can.
@@ -462,6 +506,7 @@ func (c *Consumer) claim(ctx context.Context, orderNo string) (idem.State, idem.
 		return 0, claim, false, fmt.Errorf("%w: %w", errRedisUnavailable, err)
 	}
 	c.redisDownUntil.Store(time.Now().Add(5 * time.Second).UnixNano())
+	c.m.Degraded.Set(1)
 	c.log.Warn("redis unavailable: going on with the database guards alone (idempotent.redisFallback=OPEN)",
 		zap.String("order_no", orderNo), zap.Error(err))
 	return 0, claim, true, nil

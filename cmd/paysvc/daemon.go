@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/paysvc/paysvc/internal/admin"
+	"github.com/paysvc/paysvc/internal/broker"
+	"github.com/paysvc/paysvc/internal/deadletter"
+	"github.com/paysvc/paysvc/internal/idem"
+	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/metrics"
+	"github.com/paysvc/paysvc/internal/order"
+	"github.com/paysvc/paysvc/internal/outbox"
+	"github.com/paysvc/paysvc/internal/reconcile"
+	"github.com/paysvc/paysvc/internal/replay"
+	"github.com/paysvc/paysvc/internal/sqldb"
+	"github.com/paysvc/paysvc/internal/trace"
+)
+
+// daemon wires config → MySQL → Redis → consumer, parker, outbox dispatcher,
+// alerter, monitor, scheduled reconciliation → admin HTTP, and runs until ctx
+// ends. The consumer decides the exit: its drain comes first.
+func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
+	db, err := openMySQL(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	if db == nil {
+		return nil // stopped while waiting
+	}
+	defer db.Close()
+
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:        []string{cfg.Redis.Addr},
+		Password:     cfg.Redis.Password,
+		DB:           cfg.Redis.DB,
+		DialTimeout:  2 * time.Second,
+		ReadTimeout:  time.Second,
+		WriteTimeout: time.Second,
+		PoolSize:     cfg.AMQP.Workers + 4,
+	})
+	defer rdb.Close()
+	guard := idem.New(rdb, idem.Config{
+		KeyPrefix: cfg.Idempotent.KeyPrefix,
+		TTL:       cfg.Idempotent.TTL,
+		Lease:     cfg.Idempotent.Lease,
+	})
+
+	host, _ := os.Hostname()
+	name := fmt.Sprintf("paysvc %s %s/%d", version, host, os.Getpid())
+	m := metrics.New()
+	orders := order.NewStore(db)
+	deadLetters := deadletter.NewStore(db)
+	consumer := listener.New(listener.Config{
+		URL:            cfg.AMQP.URL,
+		ConnectionName: name,
+		Prefetch:       cfg.AMQP.Prefetch,
+		Workers:        cfg.AMQP.Workers,
+		Retry:          listener.RetryPolicy{Delays: cfg.Retry.Delays, MaxAttempts: cfg.Retry.MaxAttempts},
+		RedisFallback:  listener.Fallback(cfg.Idempotent.RedisFallback),
+		HandleTimeout:  cfg.Idempotent.Lease / 2,
+		DrainTimeout:   cfg.AMQP.DrainTimeout,
+		PublishTimeout: 10 * time.Second,
+		MaxBackoff:     15 * time.Second,
+		Metrics:        m,
+		Events:         &trace.Recorder{DB: db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())},
+	}, orders, guard, log)
+
+	// Helpers stop when the consumer has drained, not before.
+	helpers, stopHelpers := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	defer func() { stopHelpers(); wg.Wait() }()
+
+	wake := make(chan struct{}, 1)
+	parker := &listener.Parker{URL: cfg.AMQP.URL, Name: name, Store: deadLetters, Log: log,
+		OnParked: func(_ int64, becameNew bool) {
+			if becameNew {
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}}
+	wg.Go(func() { parker.Run(helpers) })
+	if cfg.Alert.WebhookURL != "" {
+		alerter := &deadletter.Alerter{Store: deadLetters, URL: cfg.Alert.WebhookURL, Log: log,
+			Client: &http.Client{Timeout: 10 * time.Second}, Interval: 30 * time.Second, Wake: wake}
+		wg.Go(func() { alerter.Run(helpers) })
+	}
+	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, Name: name, Interval: 500 * time.Millisecond, Batch: 100, Log: log}
+	wg.Go(func() { dispatcher.Run(helpers) })
+	monitor := &listener.Monitor{URL: cfg.AMQP.URL, Name: name, Delays: cfg.Retry.Delays, Store: deadLetters,
+		DB: db, Metrics: m, Interval: cfg.Metrics.QueueInterval, Log: log}
+	wg.Go(func() { monitor.Run(helpers) })
+	if cfg.Reconcile.Interval > 0 {
+		wg.Go(func() { scheduledReconcile(helpers, cfg, db, m, log) })
+	}
+
+	if cfg.HTTP.Addr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+			if !consumer.Ready() {
+				http.Error(w, "not consuming", http.StatusServiceUnavailable)
+				return
+			}
+			io.WriteString(w, "ready\n")
+		})
+		mux.Handle("GET /metrics", m.Handler())
+		pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: name + " admin", Timeout: 10 * time.Second}
+		defer pub.Close()
+		(&admin.Server{Store: deadLetters, Token: cfg.Admin.Token, Log: log,
+			Replayer: &replay.Replayer{Store: deadLetters, Orders: orders, DB: db, Publish: pub}}).Register(mux)
+		srv := &http.Server{Addr: cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("admin http server", zap.Error(err))
+			}
+		}()
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			srv.Shutdown(sctx)
+		}()
+	}
+	err = consumer.Run(ctx)
+	log.Info("paysvc stopped", zap.Error(err))
+	return err
+}
+
+// scheduledReconcile runs reconciliation over the last window, every
+// interval, logging what it finds.
+func scheduledReconcile(ctx context.Context, cfg *Config, db *sqldb.DB, m *metrics.Metrics, log *zap.Logger) {
+	for {
+		now := time.Now()
+		rep, err := reconcile.Run(ctx, db, reconcile.Options{From: now.Add(-cfg.Reconcile.Window), Fix: cfg.Reconcile.Fix})
+		if err != nil && ctx.Err() == nil {
+			log.Error("reconcile failed", zap.Error(err))
+		} else {
+			m.ReconcileProblems.Set(float64(len(rep.Problems)))
+			for _, p := range rep.Problems {
+				log.Warn("reconcile problem", zap.String("kind", p.Kind), zap.String("biz_no", p.BizNo),
+					zap.Int64("user_id", p.UserID), zap.String("detail", p.Detail), zap.Bool("fixed", p.Fixed))
+			}
+			log.Info("reconcile done", zap.Int("problems", len(rep.Problems)), zap.Int("reconciled", rep.Reconciled))
+		}
+		if !broker.Sleep(ctx, cfg.Reconcile.Interval) {
+			return
+		}
+	}
+}

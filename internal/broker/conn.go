@@ -1,0 +1,68 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Dial connects with paysvc's connection settings.
+func Dial(url, name string) (*amqp.Connection, error) {
+	conn, err := amqp.DialConfig(url, amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Locale:     "en_US",
+		Properties: amqp.Table{"connection_name": name},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("amqp dial: %w", err)
+	}
+	return conn, nil
+}
+
+// DialingPublisher is a Publisher that owns its connection: it dials on
+// first use and again after a failure. Safe for concurrent use (publishes are
+// serialised); for occasional publishing such as replays.
+type DialingPublisher struct {
+	URL     string
+	Name    string
+	Timeout time.Duration
+
+	mu   sync.Mutex
+	conn *amqp.Connection
+	pub  *Publisher
+}
+
+// Publish publishes msg with confirms and mandatory routing.
+func (d *DialingPublisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.conn == nil || d.conn.IsClosed() {
+		conn, err := Dial(d.URL, d.Name)
+		if err != nil {
+			return err
+		}
+		d.conn, d.pub = conn, NewPublisher(conn, d.Timeout)
+	}
+	err := d.pub.Publish(ctx, exchange, key, msg)
+	if err != nil {
+		d.closeLocked()
+	}
+	return err
+}
+
+// Close closes the connection.
+func (d *DialingPublisher) Close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closeLocked()
+}
+
+func (d *DialingPublisher) closeLocked() {
+	if d.conn != nil {
+		d.conn.Close()
+		d.conn, d.pub = nil, nil
+	}
+}

@@ -1,0 +1,80 @@
+// Package metrics defines paysvc's Prometheus metrics. One Metrics value is
+// made per process and handed to whoever records.
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics holds every collector, registered on its own registry.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Messages          *prometheus.CounterVec // result: FIRST, DUPLICATE, RETRY, TERMINAL, REQUEUE
+	Errors            *prometheus.CounterVec // class
+	Duration          prometheus.Histogram
+	Disagreements     *prometheus.CounterVec // kind: redis_new_db_applied, redis_done_db_unpaid
+	Degraded          prometheus.Gauge
+	Ready             prometheus.Gauge
+	Reconnects        *prometheus.CounterVec // component: consumer, parker, outbox, monitor
+	QueueMessages     *prometheus.GaugeVec   // queue
+	QueueOldestAge    *prometheus.GaugeVec   // queue
+	TerminalPending   prometheus.Gauge
+	DeadLettersNew    prometheus.Gauge
+	OutboxPending     prometheus.Gauge
+	ReconcileProblems prometheus.Gauge
+}
+
+// New makes and registers the collectors, with the Go and process ones.
+func New() *Metrics {
+	r := prometheus.NewRegistry()
+	m := &Metrics{
+		Registry: r,
+		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paysvc_messages_total", Help: "Payment messages handled, by result."}, []string{"result"}),
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paysvc_errors_total", Help: "Failed handlings, by error class."}, []string{"class"}),
+		Duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "paysvc_handle_duration_seconds", Help: "Time from delivery to broker action.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}),
+		Disagreements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paysvc_guard_disagreements_total",
+			Help: "Times Redis and the database disagreed: redis_new_db_applied (Redis said new, the database had applied it), redis_done_db_unpaid."},
+			[]string{"kind"}),
+		Degraded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_degraded", Help: "1 while payments go on without the Redis guard (redisFallback=OPEN)."}),
+		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_ready", Help: "1 while the consumer is consuming."}),
+		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paysvc_reconnects_total", Help: "Broker sessions that ended and were started again."}, []string{"component"}),
+		QueueMessages: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "paysvc_queue_messages", Help: "Ready messages in each queue (passive declare)."}, []string{"queue"}),
+		QueueOldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "paysvc_queue_oldest_message_age_seconds", Help: "Age of the oldest message in the main and terminal queues (0 when empty)."},
+			[]string{"queue"}),
+		TerminalPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_terminal_pending", Help: "Terminal messages not dealt with: in q.pay.dlx.terminal plus NEW dead letters."}),
+		DeadLettersNew: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_dead_letters_new", Help: "Dead letters in status NEW."}),
+		OutboxPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_outbox_pending", Help: "Payment notices not yet published."}),
+		ReconcileProblems: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_reconcile_problems", Help: "Problems the last scheduled reconciliation found."}),
+	}
+	r.MustRegister(m.Messages, m.Errors, m.Duration, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
+		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.ReconcileProblems,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, res := range []string{"FIRST", "DUPLICATE", "RETRY", "TERMINAL", "REQUEUE"} {
+		m.Messages.WithLabelValues(res)
+	}
+	return m
+}
+
+// Handler serves /metrics.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
