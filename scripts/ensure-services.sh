@@ -235,7 +235,10 @@ rabbitmq_check_version() {
 	fi
 	major=${BASH_REMATCH[1]} minor=${BASH_REMATCH[2]}
 	if ((major < RABBITMQ_MIN_MAJOR || (major == RABBITMQ_MIN_MAJOR && minor < RABBITMQ_MIN_MINOR))); then
-		warn "RabbitMQ ${v} is too old: paysvc needs >= ${RABBITMQ_MIN_MAJOR}.${RABBITMQ_MIN_MINOR} (quorum queues with at-least-once dead-lettering)"
+		printf 'ERROR: RabbitMQ %s is too old: paysvc needs >= %s.%s (quorum queues with message TTL and at-least-once dead-lettering).\n' \
+			"${v}" "${RABBITMQ_MIN_MAJOR}" "${RABBITMQ_MIN_MINOR}" >&2
+		printf '       Debian 12 ships 3.10; on older releases install a newer rabbitmq-server (the RabbitMQ apt repository).\n' >&2
+		exit 1
 	fi
 	RABBITMQ_VERSION=${v}
 }

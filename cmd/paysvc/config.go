@@ -190,8 +190,9 @@ func (c *Config) validate() []error {
 	if c.AMQP.Prefetch < 1 || c.AMQP.Prefetch > 65535 {
 		bad("amqp.prefetch", "want 1 to 65535, got %d", c.AMQP.Prefetch)
 	}
-	if c.AMQP.Workers < 1 || c.AMQP.Workers > 4096 {
-		bad("amqp.workers", "want 1 to 4096, got %d", c.AMQP.Workers)
+	if c.AMQP.Workers < 1 || c.AMQP.Workers > 1000 {
+		// each worker holds a publisher channel; RabbitMQ allows 2047 per connection
+		bad("amqp.workers", "want 1 to 1000, got %d", c.AMQP.Workers)
 	}
 	if c.AMQP.DrainTimeout <= 0 {
 		bad("amqp.drainTimeout", "want a positive duration")
@@ -284,10 +285,10 @@ func (d *decoder) str(key string) string {
 		return val
 	case nil:
 		return ""
-	case int, int64, float64, bool:
-		return fmt.Sprint(val)
 	default:
-		d.fail(key, val, "a string")
+		// YAML reads 0123 as 83 and 1.50 as 1.5: a password or an address
+		// must be quoted to arrive as written.
+		d.fail(key, val, "a string (quote it)")
 		return ""
 	}
 }

@@ -140,6 +140,13 @@ func TestConfigTable(t *testing.T) {
 		{"amqp: 5\n", nil, "amqp: unknown key"},
 		{"", map[string]string{"PAYSVC_MYSQL_DSN": "a", "PAYSVC_MYSQL_DSN_FILE": "/x"}, "set both"},
 		{"", map[string]string{"PAYSVC_REDIS_PASSWORD_FILE": "/nonexistent/secret"}, "redis.password: PAYSVC_REDIS_PASSWORD_FILE"},
+		{"redis:\n  password: 0123\n", nil, "redis.password: want a string (quote it)"},
+		{"redis:\n  password: \"0123\"\n", nil, ""},
+		{"amqp:\n  workers: 1001\n", nil, "amqp.workers"},
+		{"reconcile:\n  fix: maybe\n", nil, "reconcile.fix: want true or false"},
+		{"", map[string]string{"PAYSVC_RECONCILE_FIX": "true", "PAYSVC_RECONCILE_INTERVAL": "1h"}, ""},
+		{"admin:\n  token: short\n", nil, "admin.token"},
+		{"alert:\n  webhookUrl: ftp://x\n", nil, "alert.webhookUrl"},
 	}
 	for _, tt := range tests {
 		_, err := loadConfig(writeConfig(t, tt.yaml), true, tt.env)

@@ -58,7 +58,10 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 		return fmt.Errorf("publish to %s/%s: nacked by the broker", exchange, key)
 	}
 	select {
-	case r := <-p.returns:
+	case r, ok := <-p.returns:
+		if !ok { // the channel closed after the ack: the message was routed
+			return nil
+		}
 		return fmt.Errorf("publish to %s/%s: %w: %d %s", exchange, key, ErrUnroutable, r.ReplyCode, r.ReplyText)
 	default:
 	}

@@ -14,7 +14,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"time"
 
@@ -65,20 +64,24 @@ type Guard struct {
 // New returns a Guard over rdb.
 func New(rdb redis.UniversalClient, cfg Config) *Guard { return &Guard{rdb: rdb, cfg: cfg} }
 
-// Claim is a held in-flight lease.
+// Claim is a held in-flight lease, or what a claim found in the key.
 type Claim struct {
 	Key   string
 	Token string
+	// Remaining is how long the key still lives: for InFlight, when the
+	// other holder's lease runs out (negative: the key never expires).
+	Remaining time.Duration
 }
 
 // claimScript sets the key to our token if it is free and returns the value
-// the key holds afterwards, in one atomic step. A retry of a call whose reply
-// was lost finds its own token, and so still reads as claimed.
+// the key holds afterwards with its remaining life in milliseconds, in one
+// atomic step. A retry of a call whose reply was lost finds its own token,
+// and so still reads as claimed.
 var claimScript = redis.NewScript(`
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return ARGV[1]
+  return {ARGV[1], tonumber(ARGV[2])}
 end
-return redis.call('GET', KEYS[1])
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
 `)
 
 // releaseScript deletes the key only while it holds our token.
@@ -103,18 +106,25 @@ func (g *Guard) Claim(ctx context.Context, orderNo string) (State, Claim, error)
 
 func (g *Guard) claim(ctx context.Context, orderNo, token string) (State, Claim, error) {
 	c := Claim{Key: g.Key(orderNo), Token: token}
-	v, err := claimScript.Run(ctx, g.rdb, []string{c.Key}, token, g.cfg.Lease.Milliseconds()).Text()
-	switch {
-	case errors.Is(err, redis.Nil):
-		// The key vanished between SET and GET: impossible inside a script,
-		// but in-flight is the safe reading.
-		return InFlight, c, nil
-	case err != nil:
+	res, err := claimScript.Run(ctx, g.rdb, []string{c.Key}, token, g.cfg.Lease.Milliseconds()).Slice()
+	if err != nil {
 		return 0, c, fmt.Errorf("idem claim %s: %w", c.Key, err)
-	case v == token:
+	}
+	if len(res) != 2 {
+		return 0, c, fmt.Errorf("idem claim %s: unexpected reply %v", c.Key, res)
+	}
+	if ms, ok := res[1].(int64); ok {
+		c.Remaining = time.Duration(ms) * time.Millisecond
+	}
+	switch v, _ := res[0].(string); v {
+	case token:
 		return Claimed, c, nil
-	case v == doneValue:
+	case doneValue:
 		return Done, c, nil
+	case "":
+		// The key vanished between SET and GET: impossible inside a script,
+		// but in flight is the safe reading.
+		return InFlight, c, nil
 	}
 	return InFlight, c, nil
 }
@@ -138,5 +148,8 @@ func (g *Guard) Release(ctx context.Context, c Claim) (bool, error) {
 	return n == 1, nil
 }
 
-// Ping checks that Redis answers.
-func (g *Guard) Ping(ctx context.Context) error { return g.rdb.Ping(ctx).Err() }
+// Probe checks that Redis takes a write, as a claim needs: a PING is answered
+// by a replica, a full server or a user without write rights too.
+func (g *Guard) Probe(ctx context.Context) error {
+	return g.rdb.Set(ctx, g.cfg.KeyPrefix+"__probe__", "1", 10*time.Second).Err()
+}

@@ -24,8 +24,8 @@ func TestClaimDoneRelease(t *testing.T) {
 	if err != nil || st != Claimed {
 		t.Fatalf("first claim = %v, %v; want claimed", st, err)
 	}
-	if st, _, _ := g.Claim(ctx, "P1"); st != InFlight {
-		t.Fatalf("second claim = %v, want in_flight", st)
+	if st, other, _ := g.Claim(ctx, "P1"); st != InFlight || other.Remaining <= 0 || other.Remaining > time.Minute {
+		t.Fatalf("second claim = %v with %v of lease left, want in_flight with (0, 1m]", st, other.Remaining)
 	}
 	if ttl := rdb.PTTL(ctx, c.Key).Val(); ttl <= 0 || ttl > time.Minute {
 		t.Fatalf("lease TTL %v, want (0, 1m]", ttl)

@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"context"
 	"errors"
 
 	"github.com/paysvc/paysvc/internal/account"
@@ -45,6 +46,8 @@ const (
 	ClassMySQLUnavailable Class = "mysql_unavailable"
 	ClassCommitUnknown    Class = "commit_unknown"
 	ClassRedisUnavailable Class = "redis_unavailable"
+	ClassTimeout          Class = "timeout"
+	ClassMySQLError       Class = "mysql_error"
 )
 
 // Errors the listener itself produces.
@@ -76,6 +79,14 @@ func classify(err error) (Kind, Class) {
 		return Unavailable, ClassRedisUnavailable
 	case sqldb.IsConnection(err):
 		return Unavailable, ClassMySQLUnavailable
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		// The handling bound ran out (a black-holed server, an exhausted
+		// pool) or paysvc is stopping: not the message's fault.
+		return Unavailable, ClassTimeout
+	case sqldb.IsSchemaOrPermission(err):
+		// A missing table or column, a revoked grant: every message would
+		// fail alike, so wait for the operator instead of spending attempts.
+		return Unavailable, ClassMySQLError
 	case errors.Is(err, order.ErrNotFound):
 		return Retryable, ClassOrderNotFound
 	case errors.Is(err, account.ErrInsufficientBalance):

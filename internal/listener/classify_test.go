@@ -41,8 +41,11 @@ func TestClassify(t *testing.T) {
 		{errInFlight, Retryable, ClassInFlight},
 		{wrap(&mysql.MySQLError{Number: 1213}), Retryable, ClassDeadlock},
 		{wrap(&mysql.MySQLError{Number: 1205}), Retryable, ClassDeadlock},
-		{wrap(&mysql.MySQLError{Number: 1146, Message: "no such table"}), Retryable, ClassUnknown},
-		{context.DeadlineExceeded, Retryable, ClassUnknown},
+		{wrap(&mysql.MySQLError{Number: 1146, Message: "no such table"}), Unavailable, ClassMySQLError},
+		{wrap(&mysql.MySQLError{Number: 1142, Message: "command denied"}), Unavailable, ClassMySQLError},
+		{wrap(&mysql.MySQLError{Number: 1406, Message: "data too long"}), Retryable, ClassUnknown},
+		{wrap(fmt.Errorf("read: %w", context.DeadlineExceeded)), Unavailable, ClassTimeout},
+		{context.Canceled, Unavailable, ClassTimeout},
 		{errors.New("something new"), Retryable, ClassUnknown},
 	}
 	for _, tt := range tests {

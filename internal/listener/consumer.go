@@ -91,6 +91,14 @@ type pauseError struct{ class Class }
 
 func (e *pauseError) Error() string { return "paused: " + string(e.class) }
 
+// refused reports a broker answer that reconnecting cannot change: a
+// topology that does not match (406), or access refused (403, 530).
+func refused(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) &&
+		(ae.Code == amqp.PreconditionFailed || ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed)
+}
+
 // fatalError is a problem reconnecting cannot fix (a topology mismatch, a
 // refused login); at start-up it stops paysvc, later it is logged and retried.
 type fatalError struct{ err error }
@@ -125,12 +133,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if time.Since(started) > time.Minute {
 			bo.Reset()
 		}
+		wait := bo.Next()
 		var pause *pauseError
 		if errors.As(err, &pause) {
-			c.log.Warn("consumption paused; waiting for the dependency", zap.String("error_class", string(pause.class)))
+			// A dependency can answer its probe and still fail the real work
+			// (a read-only failover, a full Redis): back off either way.
+			c.log.Warn("consumption paused; waiting for the dependency", zap.String("error_class", string(pause.class)),
+				zap.Duration("backoff", wait))
+			if !broker.Sleep(ctx, wait) {
+				return nil
+			}
 			continue
 		}
-		wait := bo.Next()
 		c.log.Error("amqp session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
 		if !broker.Sleep(ctx, wait) {
 			return nil
@@ -151,7 +165,7 @@ func (c *Consumer) waitDependencies(ctx context.Context, bo *broker.Backoff) err
 		}
 		err := ping("mysql", c.orders.Ping)
 		if err == nil && c.cfg.RedisFallback == FallbackClosed {
-			err = ping("redis", c.guard.Ping)
+			err = ping("redis", c.guard.Probe)
 		}
 		if err == nil {
 			return nil
@@ -180,15 +194,26 @@ func (c *Consumer) session(ctx context.Context) error {
 		}
 		return fmt.Errorf("amqp dial: %w", err)
 	}
-	defer conn.Close()
+	defer closeWithin(5*time.Second, func() { conn.Close() })
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go func() {
+		for b := range blocked {
+			// A resource alarm: publishes (and acks on this connection) stall
+			// until it clears. Nothing is lost; say so.
+			c.log.Warn("broker blocked this connection", zap.Bool("active", b.Active), zap.String("reason", b.Reason))
+		}
+	}()
 
 	setup, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("amqp channel: %w", err)
 	}
 	if err := Declare(setup, c.cfg.Retry.Delays); err != nil {
-		return &fatalError{err}
+		if refused(err) {
+			return &fatalError{err}
+		}
+		return err
 	}
 	setup.Close()
 
@@ -232,15 +257,13 @@ func (c *Consumer) session(ctx context.Context) error {
 	reason := dispatch(ctx, deliveries, work, pause, connClosed, chClosed)
 	c.setReady(false)
 
-	// Stop intake first, so the broker sends nothing more.
-	cancelled := make(chan struct{})
-	go func() {
-		ch.Cancel(tag, false) // noWait=false: wait for cancel-ok
-		close(cancelled)
-	}()
-	select {
-	case <-cancelled:
-	case <-time.After(5 * time.Second):
+	// Stop intake first, so the broker sends nothing more (a dead channel
+	// sends nothing anyway).
+	teardown := time.Now()
+	if !ch.IsClosed() && !conn.IsClosed() {
+		closeWithin(5*time.Second, func() {
+			ch.Cancel(tag, false) // noWait=false: wait for cancel-ok
+		})
 	}
 	close(work)
 	drained := make(chan struct{})
@@ -251,12 +274,30 @@ func (c *Consumer) session(ctx context.Context) error {
 		c.log.Warn("drain timeout: abandoning in-flight messages; the broker will redeliver them",
 			zap.Duration("drain_timeout", c.cfg.DrainTimeout))
 		stopProc()
-		<-drained
+		select {
+		case <-drained:
+		case <-time.After(5 * time.Second):
+			// A worker stuck in a write to a blocked connection: closing
+			// the connection below frees it; nothing it holds was acked.
+			c.log.Error("workers did not stop after the drain timeout; closing the connection under them")
+		}
 	}
 	// Prefetched messages no worker started are still unacked: closing the
-	// channel puts them back on the queue.
-	ch.Close()
+	// channel puts them back on the queue. A blocked broker may never answer
+	// the close: bound the wait (the deferred conn.Close is bounded too).
+	closeWithin(5*time.Second, func() { ch.Close() })
+	c.log.Debug("session torn down", zap.Duration("took", time.Since(teardown)), zap.NamedError("reason", reason))
 	return reason
+}
+
+// closeWithin runs f, waiting for it at most d.
+func closeWithin(d time.Duration, f func()) {
+	done := make(chan struct{})
+	go func() { f(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
 }
 
 // dispatch hands deliveries to workers until ctx ends, a worker asks for a
@@ -307,8 +348,9 @@ type outcome struct {
 	err      error
 	orderNo  string
 	key      string
-	degraded bool // handled without the Redis guard (OPEN)
-	released bool // the in-flight claim was deleted
+	degraded bool          // handled without the Redis guard (OPEN)
+	wait     time.Duration // in_flight: the other holder's remaining lease
+	released bool          // the in-flight claim was deleted
 }
 
 // process handles one delivery and tells the broker. It is the only place
@@ -326,11 +368,21 @@ func (c *Consumer) process(ctx context.Context, pub *broker.Publisher, d amqp.De
 		result, brokerErr = "DUPLICATE", d.Ack(false)
 	case Retryable, Terminal:
 		queue, n := c.cfg.Retry.next(out.kind, count)
+		inflight := headerCount(d.Headers, HeaderInFlightCount)
+		if out.class == ClassInFlight {
+			if q, ok := c.cfg.Retry.inFlight(inflight, out.wait); ok {
+				queue, n, inflight = q, count, inflight+1
+			}
+		}
 		cause := out.err
 		if out.kind == Retryable && queue == TerminalQueue {
 			cause = fmt.Errorf("gave up after %d retries: %w", count, out.err)
 		}
-		if err := pub.Publish(ctx, DLXExchange, queue, failedCopy(d, n, out.class, cause, time.Now())); err != nil {
+		msg := failedCopy(d, n, out.class, cause, time.Now())
+		if inflight > 0 {
+			msg.Headers[HeaderInFlightCount] = int32(inflight)
+		}
+		if err := pub.Publish(ctx, DLXExchange, queue, msg); err != nil {
 			// The copy is not safely stored: the original goes back, and the
 			// session restarts (reconnect, redeclare) before taking more.
 			result, brokerErr = "REQUEUE", d.Nack(false, true)
@@ -411,7 +463,10 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 			if held {
 				bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 				defer cancel()
-				out.released, _ = c.guard.Release(bg, claim)
+				var rerr error
+				out.released, rerr = c.guard.Release(bg, claim)
+				c.log.Info("idem key released", zap.String("order_no", out.orderNo), zap.String("idem_key", out.key),
+					zap.Bool("deleted", out.released), zap.NamedError("release_error", rerr), zap.String("after", "panic"))
 			}
 		}
 	}()
@@ -447,7 +502,8 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 		case err != nil:
 			return settle(err) // already paid → duplicate; or why not
 		case st == idem.InFlight:
-			return settle(fmt.Errorf("order %s: %w", p.OrderNo, errInFlight))
+			out.wait = claim.Remaining
+			return settle(fmt.Errorf("order %s: %w (lease %s left)", p.OrderNo, errInFlight, claim.Remaining.Round(time.Millisecond)))
 		default:
 			c.m.Disagreements.WithLabelValues("redis_done_db_unpaid").Inc()
 			c.log.Warn("redis and database disagree: key says done, order is not paid; applying",
@@ -500,8 +556,10 @@ func (c *Consumer) claim(ctx context.Context, orderNo string) (idem.State, idem.
 	}
 	// The SET may have landed before the reply was lost: free it if we can.
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	c.guard.Release(bg, claim)
+	released, rerr := c.guard.Release(bg, claim)
 	cancel()
+	c.log.Info("idem key released", zap.String("order_no", orderNo), zap.String("idem_key", claim.Key),
+		zap.Bool("deleted", released), zap.NamedError("release_error", rerr), zap.String("after", "claim error"))
 	if !open {
 		return 0, claim, false, fmt.Errorf("%w: %w", errRedisUnavailable, err)
 	}

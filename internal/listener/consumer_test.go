@@ -241,13 +241,23 @@ func TestInFlightKeyRetriesThenApplies(t *testing.T) {
 	e.declare()
 	e.seedAccount(4, "50.00")
 	e.seedOrder("HELD", 4, "5.00")
-	e.rdb.Set(context.Background(), e.prefix+"HELD", "inflight:dead-worker", 700*time.Millisecond)
+	// The dead worker's lease outlives every retry delay (200ms, 300ms) and
+	// all three attempts together: waiting it out must not spend them.
+	e.rdb.Set(context.Background(), e.prefix+"HELD", "inflight:dead-worker", 2*time.Second)
 	e.publish(body("HELD", 4, "5.00"))
-	e.start(e.redisAddr, e.dsn, func(c *listener.Config) { c.Retry.MaxAttempts = 20 })
+	e.start(e.redisAddr, e.dsn)
 	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["FIRST"] == 1 }, "payment not applied")
-	retries := e.logs.FilterMessage("message handled").FilterField(zap.String("error_class", "in_flight")).Len()
-	if retries == 0 {
+	retries := e.logs.FilterMessage("message handled").FilterField(zap.String("error_class", "in_flight")).All()
+	if len(retries) == 0 {
 		t.Fatal("the in-flight key did not route the message to retry first")
+	}
+	for _, r := range retries {
+		if r.ContextMap()["attempt"] != int64(0) {
+			t.Fatalf("an in-flight retry spent an attempt: %v", r.ContextMap())
+		}
+	}
+	if r := e.results(); r["TERMINAL"] != 0 {
+		t.Fatalf("outcomes %v: waiting out a lease sent the payment to terminal", r)
 	}
 	if e.flows("HELD") != 1 || e.balance(4) != 4500 {
 		t.Fatal("payment not applied exactly once")
@@ -320,7 +330,7 @@ func TestMySQLDownPausesThenDrains(t *testing.T) {
 	proxy := testenv.NewProxy(t, "127.0.0.1:3306")
 	dsn := strings.Replace(e.dsn, "127.0.0.1:3306", proxy.Addr(), 1)
 	if dsn == e.dsn {
-		t.Skip("PAYSVC_TEST_MYSQL_DSN is not on 127.0.0.1:3306")
+		t.Fatal("this test puts a proxy before 127.0.0.1:3306; PAYSVC_TEST_MYSQL_DSN points elsewhere")
 	}
 	e.seedAccount(9, "100.00")
 	const n = 4
@@ -437,7 +447,7 @@ func TestBrokerConnectionLossResumes(t *testing.T) {
 		return e.logs.FilterMessage("amqp session ended; reconnecting").Len() > 0
 	}, "the connection cut went unnoticed")
 	e.publish(msgs[before:]...)
-	e.waitResults(30*time.Second, func(r map[string]int) bool { return r["FIRST"] == before+after },
+	e.waitResults(60*time.Second, func(r map[string]int) bool { return r["FIRST"] == before+after },
 		"not every payment applied after the reconnect")
 	if e.totalFlows() != before+after || e.balance(13) != 100000-(before+after)*100 {
 		t.Fatalf("%d flows, balance %s", e.totalFlows(), e.balance(13))

@@ -49,6 +49,13 @@ func newEnv(t *testing.T) *env {
 	e.redisAddr = testenv.RedisAddr()
 	core, logs := observer.New(zapcore.DebugLevel)
 	e.logs = logs
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, entry := range logs.All() {
+				t.Logf("%s %s %s %v", entry.Time.Format("15:04:05.000"), entry.Level, entry.Message, entry.ContextMap())
+			}
+		}
+	})
 	e.log = zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)).Core()))
 	conn, err := amqp.Dial(e.amqpURL)
 	if err != nil {

@@ -13,7 +13,13 @@ const (
 	HeaderLastError     = "x-last-error"
 	HeaderFirstFailedAt = "x-first-failed-at"
 	HeaderLastFailedAt  = "x-last-failed-at"
+	HeaderInFlightCount = "x-inflight-count"
 )
+
+// maxInFlightRetries bounds the retries that wait out another holder's
+// lease without spending an attempt; past it they spend attempts like any
+// other retry. Leases expire, so it is reached only by a key that never does.
+const maxInFlightRetries = 100
 
 const maxErrorText = 1024
 
@@ -24,8 +30,10 @@ type RetryPolicy struct {
 }
 
 // retryCount reads x-retry-count; absent or malformed counts as 0.
-func retryCount(h amqp.Table) int {
-	switch v := h[HeaderRetryCount].(type) {
+func retryCount(h amqp.Table) int { return headerCount(h, HeaderRetryCount) }
+
+func headerCount(h amqp.Table, key string) int {
+	switch v := h[key].(type) {
 	case int8:
 		return max(int(v), 0)
 	case int16:
@@ -49,6 +57,28 @@ func (p RetryPolicy) next(kind Kind, count int) (queue string, newCount int) {
 	}
 	i := min(count, len(p.Delays)-1)
 	return WaitQueue(p.Delays[i]), count + 1
+}
+
+// inFlight routes a message whose order another holder has claimed: to the
+// shortest wait queue that outlasts the holder's remaining lease (or the
+// longest), without spending an attempt, so that a worker that died holding
+// the key cannot walk an unpaid payment into the terminal queue. It returns
+// false when the in-flight retries are spent.
+func (p RetryPolicy) inFlight(inflight int, remaining time.Duration) (string, bool) {
+	if inflight >= maxInFlightRetries || len(p.Delays) == 0 {
+		return "", false
+	}
+	best, longest := time.Duration(-1), p.Delays[0]
+	for _, d := range p.Delays {
+		longest = max(longest, d)
+		if d >= remaining && (best < 0 || d < best) {
+			best = d
+		}
+	}
+	if best < 0 {
+		best = longest
+	}
+	return WaitQueue(best), true
 }
 
 // failedCopy builds the copy of d published to a wait or terminal queue.

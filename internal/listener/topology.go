@@ -93,8 +93,8 @@ var terminalArgs = amqp.Table{"x-queue-type": "quorum"}
 func mismatch(kind, name string, err error) error {
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
-		return fmt.Errorf("topology: %s %s exists with other arguments than paysvc declares (%s); "+
-			"drain and delete it, or restore the configuration it was made with", kind, name, ae.Reason)
+		return fmt.Errorf("topology: %s %s exists with other arguments than paysvc declares; "+
+			"drain and delete it, or restore the configuration it was made with: %w", kind, name, err)
 	}
 	return fmt.Errorf("topology: declare %s %s: %w", kind, name, err)
 }

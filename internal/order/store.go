@@ -135,8 +135,18 @@ func check(ctx context.Context, q sqlx.QueryerContext, p Payment) error {
 	return fmt.Errorf("order has unknown status %q", o.Status)
 }
 
-// Ping checks that the database answers.
-func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+// Ping checks that the database answers and takes writes: a primary that
+// failed over to read-only answers a ping too.
+func (s *Store) Ping(ctx context.Context) error {
+	var readOnly int
+	if err := s.db.GetContext(ctx, &readOnly, "SELECT @@global.read_only"); err != nil {
+		return err
+	}
+	if readOnly != 0 {
+		return errors.New("mysql is read-only")
+	}
+	return nil
+}
 
 // Status reads an order's status; ErrNotFound if there is no such order.
 func (s *Store) Status(ctx context.Context, orderNo string) (Status, error) {

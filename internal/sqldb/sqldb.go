@@ -135,6 +135,16 @@ func IsConnection(err error) bool {
 		errors.As(err, &netErr)
 }
 
+// IsSchemaOrPermission reports a missing table or column, or a refused
+// grant: the schema or the account is wrong, not the data.
+func IsSchemaOrPermission(err error) bool {
+	switch code(err) {
+	case 1044, 1045, 1142, 1143, 1146, 1054:
+		return true
+	}
+	return false
+}
+
 // Transient reports an error worth retrying the whole transaction in place.
 // A commit whose outcome is unknown is not transient: it must be re-read.
 func Transient(err error) bool {

@@ -112,7 +112,12 @@ func rabbitmqctl(t testing.TB, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
+	argv := append([]string{"rabbitmqctl", "-q"}, args...)
+	if os.Geteuid() != 0 {
+		// Debian's rabbitmqctl runs only as root or rabbitmq.
+		argv = append([]string{"sudo", "-n"}, argv...)
+	}
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
