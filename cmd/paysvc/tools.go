@@ -72,8 +72,12 @@ func runTool(ctx context.Context, cmd *command, o *cliOptions, cfg *Config, env 
 	if err != nil {
 		return err
 	}
-	if err := sqldb.CheckSchema(ctx, db, ms); err != nil {
-		return err
+	// reconcile must run on legacy data before the unique index can be added;
+	// the other tools need the finished schema.
+	if cmd.name != "reconcile" {
+		if err := sqldb.CheckSchema(ctx, db, ms); err != nil {
+			return err
+		}
 	}
 	store := deadletter.NewStore(db)
 	if o.operator == "" {

@@ -1,0 +1,244 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/paysvc/paysvc/internal/deadletter"
+	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/outbox"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+const adminToken = "test-admin-token-0123456789"
+
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// daemonInProcess runs `paysvc run` through run() until the test ends.
+func (w *world) daemonInProcess(extra ...string) (httpAddr string, logs *lockedBuffer) {
+	w.t.Helper()
+	httpAddr = freeAddr(w.t)
+	logs = &lockedBuffer{}
+	env := w.env(append([]string{"PAYSVC_HTTP_ADDR=" + httpAddr, "PAYSVC_ADMIN_TOKEN=" + adminToken,
+		"PAYSVC_METRICS_QUEUEINTERVAL=200ms"}, extra...)...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"run"}, env, logs) }()
+	w.t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				w.t.Errorf("run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			w.t.Error("daemon did not stop")
+		}
+		if w.t.Failed() {
+			w.t.Logf("daemon output:\n%s", logs)
+		}
+	})
+	testenv.Eventually(w.t, 20*time.Second, func() bool {
+		resp, err := http.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}, "daemon never ready")
+	return httpAddr, logs
+}
+
+// cli runs one operator command through run() and returns its output.
+func (w *world) cli(args ...string) (string, error) {
+	var out bytes.Buffer
+	err := run(context.Background(), args, w.env("USER=tester"), &out)
+	return out.String(), err
+}
+
+func (w *world) mustCLI(args ...string) string {
+	w.t.Helper()
+	out, err := w.cli(args...)
+	if err != nil {
+		w.t.Fatalf("paysvc %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// webhook records alerts.
+type webhook struct {
+	mu     sync.Mutex
+	alerts []deadletter.Alert
+}
+
+func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var a deadletter.Alert
+	json.NewDecoder(r.Body).Decode(&a)
+	h.mu.Lock()
+	h.alerts = append(h.alerts, a)
+	h.mu.Unlock()
+}
+
+func (h *webhook) forOrder(orderNo string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, a := range h.alerts {
+		if a.OrderNo == orderNo {
+			n++
+		}
+	}
+	return n
+}
+
+// The operator's loop: failures are parked as dead letters with one alert per
+// order, listed, shown, dry-run, replayed after a top-up (ending PAID),
+// discarded, traced, and counted in /metrics.
+func TestOperationsDeadLettersReplayTrace(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	hook := &webhook{}
+	srv := httptest.NewServer(hook)
+	defer srv.Close()
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (21, 1.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('OPS1', 21, 5.00)")
+	httpAddr, _ := w.daemonInProcess("PAYSVC_RETRY_MAXATTEMPTS=1", "PAYSVC_ALERT_WEBHOOKURL="+srv.URL)
+
+	pay := payment("OPS1", 21, "5.00")
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, pay, pay, []byte(`{"orderNo":"OPS2","userId":21,"amount":"1.001"}`))
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_dead_letter WHERE order_no = 'OPS1' AND parked_count = 2") == 1 &&
+			w.count("SELECT COUNT(*) FROM t_dead_letter WHERE order_no = 'OPS2'") == 1
+	}, "dead letters not parked (both copies of OPS1, and OPS2)")
+	testenv.Eventually(t, 10*time.Second, func() bool { return hook.forOrder("OPS1") >= 1 && hook.forOrder("OPS2") == 1 }, "no alert")
+	if n := hook.forOrder("OPS1"); n != 1 {
+		t.Fatalf("%d alerts for OPS1, want one per order", n)
+	}
+	if d := testenv.Depth(t, w.amqpURL, listener.TerminalQueue); d != 0 {
+		t.Fatalf("%d messages left in the terminal queue", d)
+	}
+
+	out := w.mustCLI("dlq", "list")
+	if !strings.Contains(out, "OPS1") || !strings.Contains(out, "balance_not_enough") || !strings.Contains(out, "OPS2") {
+		t.Fatalf("dlq list:\n%s", out)
+	}
+	out = w.mustCLI("dlq", "list", "--class", "bad_message", "--since", "1h", "--status", "NEW")
+	if strings.Contains(out, "OPS1") || !strings.Contains(out, "OPS2") {
+		t.Fatalf("dlq list --class bad_message:\n%s", out)
+	}
+	out = w.mustCLI("dlq", "show", "OPS1")
+	if !strings.Contains(out, string(pay)) || !strings.Contains(out, "PARKED") || !strings.Contains(out, "parked_count     2") {
+		t.Fatalf("dlq show:\n%s", out)
+	}
+	out = w.mustCLI("dlq", "replay", "OPS1", "--dry-run", "--reason", "check")
+	if !strings.Contains(out, "would fail: balance 1.00 < amount 5.00") {
+		t.Fatalf("dry run before top-up:\n%s", out)
+	}
+	if _, err := w.cli("dlq", "replay", "OPS1"); err == nil || !strings.Contains(err.Error(), "--reason") {
+		t.Fatalf("replay without a reason: %v", err)
+	}
+	w.db.MustExec("UPDATE t_account SET balance = 10.00 WHERE user_id = 21")
+	out = w.mustCLI("dlq", "replay", "--class", "balance_not_enough", "--dry-run", "--reason", "check")
+	if !strings.Contains(out, "would deduct 5.00 from user 21 (balance 10.00 → 5.00)") {
+		t.Fatalf("dry run after top-up:\n%s", out)
+	}
+	if w.count("SELECT COUNT(*) FROM t_dead_letter_event WHERE event = 'REPLAYED'") != 0 {
+		t.Fatal("a dry run wrote an audit row")
+	}
+	out = w.mustCLI("dlq", "replay", "OPS1", "--reason", "customer topped up", "--operator", "alice")
+	if !strings.Contains(out, "replayed to q.pay.success") {
+		t.Fatalf("replay:\n%s", out)
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_order WHERE order_no = 'OPS1' AND status = 'PAID'") == 1
+	}, "replayed payment not applied")
+	if w.count(`SELECT COUNT(*) FROM t_dead_letter d JOIN t_dead_letter_event e ON e.dead_letter_id = d.id
+		WHERE d.order_no = 'OPS1' AND d.status = 'REPLAYED' AND e.event = 'REPLAYED' AND e.operator = 'alice'
+		AND e.reason = 'customer topped up'`) != 1 {
+		t.Fatal("no REPLAYED status and audit row")
+	}
+	out = w.mustCLI("dlq", "replay", "OPS1", "--reason", "again")
+	if !strings.Contains(out, "skipped: already replayed") {
+		t.Fatalf("second replay:\n%s", out)
+	}
+	out = w.mustCLI("dlq", "discard", "OPS2", "--reason", "malformed by the producer")
+	if !strings.Contains(out, "discarded") || w.count("SELECT COUNT(*) FROM t_dead_letter WHERE order_no = 'OPS2' AND status = 'DISCARDED'") != 1 {
+		t.Fatalf("discard:\n%s", out)
+	}
+
+	out = w.mustCLI("trace", "OPS1")
+	for _, want := range []string{"created: user 21", "RETRY attempt 1 (balance_not_enough)", "TERMINAL", "PARKED",
+		"REPLAYED by alice", "INIT → PAID", "PAY_DEDUCT -5.00", "payment notice queued"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("trace lacks %q:\n%s", want, out)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return testenv.Depth(t, w.amqpURL, outbox.Queue) == 1
+	}, "the payment notice was not published")
+
+	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`paysvc_messages_total{result="TERMINAL"} 3`, `paysvc_messages_total{result="FIRST"} 1`,
+		`paysvc_errors_total{class="balance_not_enough"}`, "paysvc_handle_duration_seconds_bucket",
+		`paysvc_queue_messages{queue="q.pay.success"}`, `paysvc_ready 1`, "paysvc_terminal_pending"} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+// Reconcile from the command line, on legacy data from before the unique
+// index: exit status 2 on problems, --fix books a reversal once, a second run
+// is clean, and migrate keeps refusing to add the index until the reversed
+// duplicate is moved out.
+func TestReconcileCommandOnLegacyDuplicates(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.db.MustExec("ALTER TABLE t_account_flow DROP INDEX uk_biz_no_type")
+	w.db.MustExec("DELETE FROM schema_migrations WHERE version = 3")
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (31, 90.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount, status) VALUES ('RC1', 31, 5.00, 'PAID')")
+	w.db.MustExec("INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES (31, -5.00, 'RC1', 'PAY_DEDUCT'), (31, -5.00, 'RC1', 'PAY_DEDUCT')")
+
+	if _, err := w.cli("migrate"); err == nil || !strings.Contains(err.Error(), "paysvc reconcile") {
+		t.Fatalf("migrate over duplicates: %v", err)
+	}
+	out, err := w.cli("reconcile")
+	var exit *exitError
+	if !errors.As(err, &exit) || exit.code != 2 || !strings.Contains(out, "duplicate_flow") || !strings.Contains(out, "RC1") {
+		t.Fatalf("reconcile: %v\n%s", err, out)
+	}
+	out, err = w.cli("reconcile", "--fix")
+	if !errors.As(err, &exit) || exit.code != 2 || !strings.Contains(out, "reversed by RC1-REVERSE (+5.00)") {
+		t.Fatalf("reconcile --fix: %v\n%s", err, out)
+	}
+	out = w.mustCLI("reconcile", "--fix")
+	if !strings.Contains(out, "0 problems, 1 duplicate groups already reversed") {
+		t.Fatalf("second reconcile --fix:\n%s", out)
+	}
+	if w.count("SELECT COUNT(*) FROM t_account_flow") != 3 || w.count("SELECT COUNT(*) FROM t_account WHERE balance = 95.00") != 1 {
+		t.Fatal("want the two PAY_DEDUCT rows kept, one reversal, balance 95.00")
+	}
+}
