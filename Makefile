@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: build services test lint demo clean
+.PHONY: build services test-tools test lint demo clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/paysvc ./cmd/paysvc
@@ -12,13 +12,16 @@ build:
 services:
 	scripts/ensure-services.sh
 
+test-tools:
+	scripts/ensure-test-tools.sh
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags faultinject ./...
 
 # Unit and integration tests against the real servers (never skipped).
-test: services lint
+test: services test-tools lint
 	$(GO) test $(TESTFLAGS) ./...
 
 demo: services

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/paysvc/paysvc/internal/deadletter"
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/outbox"
@@ -241,4 +243,58 @@ func TestReconcileCommandOnLegacyDuplicates(t *testing.T) {
 	if w.count("SELECT COUNT(*) FROM t_account_flow") != 3 || w.count("SELECT COUNT(*) FROM t_account WHERE balance = 95.00") != 1 {
 		t.Fatal("want the two PAY_DEDUCT rows kept, one reversal, balance 95.00")
 	}
+}
+
+// The incident began when a non-critical step failed after the charge. Here
+// the notice cannot be published at all (ex.pay.notify exists with another
+// type): the payment is applied and acked once, never redelivered or charged
+// again, and the notice goes out once the exchange is fixed.
+func TestNoticeFailureNeverRedeliversOrChargesTwice(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	testenv.Declare(t, w.amqpURL, func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclare(outbox.Exchange, amqp.ExchangeFanout, true, false, false, false, nil)
+	})
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (41, 100.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('NT1', 41, 30.00)")
+	_, logs := w.daemonInProcess()
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("NT1", 41, "30.00"))
+
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return strings.Count(logs.String(), "outbox dispatcher: retrying") >= 3 &&
+			w.count("SELECT COUNT(*) FROM t_order WHERE order_no = 'NT1' AND status = 'PAID'") == 1
+	}, "payment not applied, or the dispatcher did not fail")
+	if r := resultsOf(logs.String()); r["FIRST"] != 1 || len(r) != 1 {
+		t.Fatalf("outcomes %v while the notice failed: want exactly one FIRST", r)
+	}
+	if w.count("SELECT COUNT(*) FROM t_outbox WHERE biz_no = 'NT1' AND status = 'PENDING'") != 1 {
+		t.Fatal("the notice is not pending")
+	}
+	if d := testenv.Depth(t, w.amqpURL, listener.MainQueue); d != 0 {
+		t.Fatalf("%d messages back in the main queue", d)
+	}
+
+	testenv.Declare(t, w.amqpURL, func(ch *amqp.Channel) error {
+		return ch.ExchangeDelete(outbox.Exchange, false, false)
+	})
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_outbox WHERE biz_no = 'NT1' AND status = 'SENT'") == 1
+	}, "notice not sent after the exchange was fixed")
+	got := testenv.GetAll(t, w.amqpURL, outbox.Queue)
+	if len(got) != 1 || !strings.Contains(string(got[0].Body), `"orderNo":"NT1"`) || got[0].Type != outbox.EventPaymentSucceeded {
+		t.Fatalf("notices %v", got)
+	}
+	if r := resultsOf(logs.String()); r["FIRST"] != 1 || len(r) != 1 {
+		t.Fatalf("outcomes %v", r)
+	}
+	if w.count("SELECT COUNT(*) FROM t_account_flow WHERE biz_no = 'NT1'") != 1 ||
+		w.count("SELECT COUNT(*) FROM t_account WHERE user_id = 41 AND balance = 70.00") != 1 {
+		t.Fatal("charged other than once")
+	}
+}
+
+func resultsOf(logs string) map[string]int {
+	p := &proc{out: &lockedBuffer{}}
+	p.out.Write([]byte(logs))
+	return p.results()
 }
