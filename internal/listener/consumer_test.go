@@ -447,10 +447,40 @@ func TestBrokerConnectionLossResumes(t *testing.T) {
 		return e.logs.FilterMessage("amqp session ended; reconnecting").Len() > 0
 	}, "the connection cut went unnoticed")
 	e.publish(msgs[before:]...)
-	e.waitResults(60*time.Second, func(r map[string]int) bool { return r["FIRST"] == before+after },
+	// Count flows, not FIRST lines: a payment committed just before the cut
+	// logs "outcome not acknowledged", and its redelivery is a DUPLICATE.
+	testenv.Eventually(t, 60*time.Second, func() bool { return e.totalFlows() == before+after },
 		"not every payment applied after the reconnect")
 	if e.totalFlows() != before+after || e.balance(13) != 100000-(before+after)*100 {
 		t.Fatalf("%d flows, balance %s", e.totalFlows(), e.balance(13))
 	}
 	testenv.Eventually(t, 10*time.Second, c.Ready, "not consuming after the reconnect")
+}
+
+// The broker refuses (nacks) the terminal copy: the original must go back to
+// the queue, never be acked and dropped.
+func TestNackedTerminalCopyKeepsTheOriginal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	testenv.SetPolicy(t, e.amqpURL, "cap", `^q\.pay\.dlx\.terminal$`, `{"max-length":0,"overflow":"reject-publish"}`)
+	if !testenv.Nacked(t, e.amqpURL, listener.TerminalQueue, []byte("filler"), 15*time.Second) {
+		t.Fatal("the broker never refused a publish to the capped terminal queue")
+	}
+	e.publish([]byte(`not json`))
+	c := e.start(e.redisAddr, e.dsn)
+	e.waitResults(15*time.Second, func(r map[string]int) bool { return r["REQUEUE"] >= 1 }, "the refused copy was not noticed")
+	failed := e.logs.FilterMessageSnippet("retry publish failed").All()
+	if len(failed) == 0 || !strings.Contains(fmt.Sprint(failed[0].ContextMap()["error"]), "nacked") {
+		t.Fatalf("want a nacked publish, got %v", failed)
+	}
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.results(); r["TERMINAL"] != 0 {
+		t.Fatalf("outcomes %v: a refused copy counted as terminal", r)
+	}
+	if n := e.depth(listener.MainQueue); n != 1 {
+		t.Fatalf("%d messages in the main queue, want the original back", n)
+	}
 }

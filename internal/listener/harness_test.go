@@ -197,7 +197,13 @@ func (e *env) results() map[string]int {
 
 func (e *env) waitResults(within time.Duration, cond func(map[string]int) bool, what string) {
 	e.t.Helper()
-	testenv.Eventually(e.t, within, func() bool { return cond(e.results()) }, "%s; outcomes %v", what, e.results())
+	deadline := time.Now().Add(within)
+	for !cond(e.results()) {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("after %s: %s; outcomes %v", within, what, e.results())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (e *env) status(orderNo string) order.Status {

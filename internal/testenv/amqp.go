@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -106,4 +107,36 @@ func CloseConnections(t testing.TB, amqpURL string) {
 		t.Fatal(err)
 	}
 	rabbitmqctl(t, "close_all_connections", "-p", strings.TrimPrefix(u.Path, "/"), "test: connection cut")
+}
+
+// SetPolicy sets a broker policy in the URL's vhost (rabbitmqctl set_policy).
+func SetPolicy(t testing.TB, amqpURL, name, pattern, definition string) {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rabbitmqctl(t, "set_policy", "-p", strings.TrimPrefix(u.Path, "/"), "--apply-to", "queues", name, pattern, definition)
+}
+
+// Nacked publishes body to queue until the broker nacks one, and reports
+// whether it did before the deadline.
+func Nacked(t testing.TB, amqpURL, queue string, body []byte, within time.Duration) bool {
+	t.Helper()
+	conn, ch := dial(t, amqpURL)
+	defer conn.Close()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); {
+		conf, err := ch.PublishWithDeferredConfirm("", queue, false, false, amqp.Publishing{Body: body, DeliveryMode: amqp.Persistent})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !conf.Wait() {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
 }
