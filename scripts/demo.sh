@@ -29,6 +29,7 @@ export PAYSVC_IDEMPOTENT_KEYPREFIX='demo:pay_success:'
 export PAYSVC_RETRY_DELAYS=1s,2s
 export PAYSVC_RETRY_MAXATTEMPTS=2
 export PAYSVC_HTTP_ADDR=127.0.0.1:18080
+export PAYSVC_METRICS_QUEUEINTERVAL=1s
 
 echo "== paysvc migrate"
 bin/paysvc migrate | tail -n 1
@@ -51,6 +52,19 @@ bin/paydemo -dsn "$DSN" -amqp "$AMQP" report
 echo
 echo "OUTCOMES (from the log)"
 grep -o '"result":"[A-Z]*"' "$LOG" | sort | uniq -c
+
+echo
+echo "== paysvc dlq list   (terminal messages, kept in t_dead_letter)"
+bin/paysvc dlq list
+echo
+echo "== paysvc dlq replay --class balance_not_enough --dry-run"
+bin/paysvc dlq replay --class balance_not_enough --dry-run --reason "demo"
+echo
+echo "== paysvc trace P20260928003"
+bin/paysvc trace P20260928003 --log "$LOG"
+echo
+echo "== paysvc reconcile"
+bin/paysvc reconcile
 
 echo "== SIGTERM: paysvc drains and exits"
 kill -TERM "$PID"

@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -165,10 +164,16 @@ func report(ctx context.Context, db *sqlx.DB, url string, wantTerminal int, out 
 			queues = append(queues, name)
 		}
 	}
+	// paysvc parks terminal messages in t_dead_letter: wait for them there.
+	parked := func() int {
+		var n int
+		db.GetContext(ctx, &n, "SELECT COUNT(*) FROM t_dead_letter")
+		return n
+	}
 	deadline := time.Now().Add(60 * time.Second)
-	for depth(listener.TerminalQueue) < wantTerminal || depth(listener.MainQueue) > 0 {
+	for parked() < wantTerminal || depth(listener.MainQueue) > 0 {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("not settled after 60s (terminal %d, want %d)", depth(listener.TerminalQueue), wantTerminal)
+			return fmt.Errorf("not settled after 60s (%d dead letters, want %d)", parked(), wantTerminal)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -222,23 +227,5 @@ func report(ctx context.Context, db *sqlx.DB, url string, wantTerminal int, out 
 	for _, q := range queues {
 		fmt.Fprintf(tw, "\t%s\t%d\n", q, depth(q))
 	}
-	fmt.Fprintln(tw, "\nTERMINAL MESSAGES (peeked, left in the queue)\nx-error-class\tx-retry-count\tx-last-error")
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	for {
-		d, ok, err := ch.Get(listener.TerminalQueue, false)
-		if err != nil || !ok {
-			break
-		}
-		last := fmt.Sprint(d.Headers[listener.HeaderLastError])
-		if len(last) > 90 {
-			last = last[:90] + "..."
-		}
-		fmt.Fprintf(tw, "%v\t%v\t%s\n", d.Headers[listener.HeaderErrorClass], d.Headers[listener.HeaderRetryCount],
-			strings.ReplaceAll(last, "\n", " "))
-	}
-	return nil // closing the channel returns the peeked messages to the queue
+	return nil
 }

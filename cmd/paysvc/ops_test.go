@@ -298,3 +298,25 @@ func resultsOf(logs string) map[string]int {
 	p.out.Write([]byte(logs))
 	return p.results()
 }
+
+// Reconciliation on a schedule inside the daemon: a balance that disagrees
+// with its opening balance and flows is logged and counted in /metrics.
+func TestScheduledReconcile(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (61, 7.00)")
+	w.db.MustExec("INSERT INTO t_account_opening (user_id, balance, as_of) VALUES (61, 10.00, '2020-01-01')")
+	addr, logs := w.daemonInProcess("PAYSVC_RECONCILE_INTERVAL=1s")
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return strings.Contains(logs.String(), `"kind":"balance_mismatch"`)
+	}, "the scheduled reconciliation did not report the balance")
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "paysvc_reconcile_problems 1") {
+		t.Fatal("paysvc_reconcile_problems is not 1")
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
@@ -230,6 +231,9 @@ func TestDoneKeyWithoutPaymentIsNotDropped(t *testing.T) {
 	}
 	if len(e.logs.FilterMessageSnippet("disagree").All()) != 1 {
 		t.Fatal("the disagreement was not logged")
+	}
+	if n := testutil.ToFloat64(e.metrics.Disagreements.WithLabelValues("redis_done_db_unpaid")); n != 1 {
+		t.Fatalf("disagreement metric %v, want 1", n)
 	}
 }
 
@@ -482,5 +486,31 @@ func TestNackedTerminalCopyKeepsTheOriginal(t *testing.T) {
 	}
 	if n := e.depth(listener.MainQueue); n != 1 {
 		t.Fatalf("%d messages in the main queue, want the original back", n)
+	}
+}
+
+// Redis lost the key (flush, eviction, failover) after the payment: the
+// redelivery passes the Redis guard as new, and the database refuses it.
+func TestRedisKeyLostDatabaseStillRefuses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(14, "50.00")
+	e.seedOrder("LOST1", 14, "5.00")
+	msg := body("LOST1", 14, "5.00")
+	e.publish(msg)
+	e.start(e.redisAddr, e.dsn)
+	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["FIRST"] == 1 }, "not applied")
+	e.rdb.Del(context.Background(), e.prefix+"LOST1")
+	e.publish(msg)
+	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["DUPLICATE"] == 1 }, "redelivery not a duplicate")
+	if e.flows("LOST1") != 1 || e.balance(14) != 4500 {
+		t.Fatal("charged twice after Redis lost the key")
+	}
+	if n := testutil.ToFloat64(e.metrics.Disagreements.WithLabelValues("redis_new_db_applied")); n != 1 {
+		t.Fatalf("disagreement metric %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(e.metrics.Messages.WithLabelValues("DUPLICATE")); n != 1 {
+		t.Fatalf("DUPLICATE counter %v, want 1", n)
 	}
 }

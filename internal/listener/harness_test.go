@@ -18,6 +18,7 @@ import (
 
 	"github.com/paysvc/paysvc/internal/idem"
 	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/money"
 	"github.com/paysvc/paysvc/internal/order"
 	"github.com/paysvc/paysvc/internal/sqldb"
@@ -38,11 +39,12 @@ type env struct {
 	delays    []time.Duration
 	logs      *observer.ObservedLogs
 	log       *zap.Logger
+	metrics   *metrics.Metrics
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t, delays: []time.Duration{200 * time.Millisecond, 300 * time.Millisecond}}
+	e := &env{t: t, delays: []time.Duration{200 * time.Millisecond, 300 * time.Millisecond}, metrics: metrics.New()}
 	e.dsn, e.db = testenv.MySQL(t)
 	e.amqpURL = testenv.AMQP(t)
 	e.rdb, e.prefix = testenv.Redis(t)
@@ -120,6 +122,7 @@ func (e *env) start(redisAddr, dsn string, opts ...option) *consumer {
 		DrainTimeout:   10 * time.Second,
 		PublishTimeout: 5 * time.Second,
 		MaxBackoff:     500 * time.Millisecond,
+		Metrics:        e.metrics,
 	}
 	for _, o := range opts {
 		o(&cfg)
