@@ -163,9 +163,9 @@ func (s *Store) Park(ctx context.Context, p Parked) (id int64, becameNew bool, e
 				_, err = tx.ExecContext(ctx, `UPDATE t_dead_letter SET order_no = ?, user_id = ?, amount = CAST(? AS DECIMAL(18,2)),
 					body = ?, headers = ?, error_class = ?, last_error = ?, retry_count = ?, fingerprint = ?,
 					parked_count = parked_count + 1, first_failed_at = LEAST(first_failed_at, ?), last_failed_at = ?,
-					status = 'NEW', updated_by = 'paysvc', reason = '',
-					alerted_at = CASE WHEN status = 'NEW' THEN alerted_at ELSE NULL END
-					WHERE id = ?`,
+					alerted_at = CASE WHEN status = 'NEW' THEN alerted_at ELSE NULL END,
+					status = 'NEW', updated_by = 'paysvc', reason = ''
+					WHERE id = ?`, // MySQL assigns left to right: alerted_at reads the old status
 					orderNo, p.UserID, p.Amount, p.Body, p.Headers, p.ErrorClass, p.LastError, p.RetryCount, fp,
 					p.FirstFailedAt.UTC(), p.LastFailedAt.UTC(), id)
 				if err != nil {

@@ -1,0 +1,73 @@
+package replay_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/paysvc/paysvc/internal/broker"
+	"github.com/paysvc/paysvc/internal/deadletter"
+	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/order"
+	"github.com/paysvc/paysvc/internal/replay"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+// Replays go to q.pay.success with a fresh retry count and the producer's own
+// headers, no faster than the rate limit, each with an audit row.
+func TestReplayRateAndHeaders(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	url := testenv.AMQP(t)
+	testenv.Declare(t, url, func(ch *amqp.Channel) error { return listener.Declare(ch, []time.Duration{time.Second}) })
+	store := deadletter.NewStore(db)
+	ctx := context.Background()
+	for _, no := range []string{"R1", "R2", "R3"} {
+		_, _, err := store.Park(ctx, deadletter.Parked{OrderNo: no, Body: []byte(`{"orderNo":"` + no + `"}`),
+			Headers:    `{"trace-id":"t-` + no + `","x-retry-count":5,"x-error-class":"balance_not_enough"}`,
+			ErrorClass: "balance_not_enough", LastError: "x", RetryCount: 5, FirstFailedAt: time.Now(), LastFailedAt: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub := &broker.DialingPublisher{URL: url, Name: t.Name(), Timeout: 5 * time.Second}
+	defer pub.Close()
+	r := &replay.Replayer{Store: store, Orders: order.NewStore(db), DB: db, Publish: pub, Every: 150 * time.Millisecond}
+	rows, err := r.Select(ctx, replay.Selection{All: true})
+	if err != nil || len(rows) != 3 {
+		t.Fatalf("select: %d rows, %v", len(rows), err)
+	}
+	if _, err := r.Replay(ctx, rows, "op", "", false); err == nil {
+		t.Fatal("replay without a reason was accepted")
+	}
+	start := time.Now()
+	results, err := r.Replay(ctx, rows, "op", "test", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Fatalf("3 replays took %s: the 150ms rate limit was not applied", took)
+	}
+	for _, res := range results {
+		if res.Err != nil || !strings.Contains(res.Outcome, "replayed") {
+			t.Fatalf("result %+v", res)
+		}
+	}
+	got := testenv.GetAll(t, url, listener.MainQueue)
+	if len(got) != 3 {
+		t.Fatalf("%d messages in the main queue, want 3", len(got))
+	}
+	for _, d := range got {
+		if _, ok := d.Headers["x-retry-count"]; ok || d.Headers["x-error-class"] != nil ||
+			!strings.HasPrefix(d.Headers["trace-id"].(string), "t-R") || d.Headers["x-replay-by"] != "op" ||
+			d.DeliveryMode != amqp.Persistent {
+			t.Fatalf("replayed message headers %v", d.Headers)
+		}
+	}
+	if n, _, _ := store.Stats(ctx); n != 0 {
+		t.Fatalf("%d rows still NEW after replay", n)
+	}
+}
