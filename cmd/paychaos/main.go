@@ -1,0 +1,338 @@
+// Command paychaos runs the real paysvc binary (several instances, built with
+// the faultinject tag) against the real servers while it injects faults, then
+// checks the money invariants:
+//
+//   - one-flow:   at most one PAY_DEDUCT flow per order; PAID ⇔ exactly one,
+//     with the order's amount and user;
+//   - balances:   every balance = opening balance + its flows, never negative;
+//   - accounted:  every confirmed-published payment is applied, recognised as a
+//     duplicate, or parked as a dead letter with a reason; main, wait and
+//     terminal queues empty with the instances stopped (nothing unacked);
+//   - redis-done: a Redis "done" key implies the payment is applied.
+//
+// Usage:
+//
+//	paychaos [-binary bin/paysvc-faultinject] [-only a,b] [-seed N]      the suite (make chaos)
+//	paychaos -soak -seed N -duration 10m                                  a seeded random mix (make soak)
+//
+// It prints a table and, last, "N passed, M failed"; the exit status is 1 if
+// any scenario failed.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+type result struct {
+	name, faults string
+	injected     int
+	msgs, dups   int
+	outcomes     map[string]int
+	parked       int
+	restarts     int
+	settled      bool
+	clean        bool
+	invariants   []invariant
+	err          error
+}
+
+func (r result) passed() bool {
+	if r.err != nil || !r.settled || !r.clean {
+		return false
+	}
+	for _, inv := range r.invariants {
+		if !inv.ok {
+			return false
+		}
+	}
+	return true
+}
+
+func main() {
+	binary := flag.String("binary", "bin/paysvc-faultinject", "paysvc built with -tags faultinject")
+	only := flag.String("only", "", "comma-separated scenario names (default: all)")
+	seed := flag.Uint64("seed", 0, "random seed (0: from the clock)")
+	soak := flag.Bool("soak", false, "run a seeded random mix of every fault instead of the suite")
+	duration := flag.Duration("duration", 10*time.Minute, "soak duration")
+	orders := flag.Int("orders", 240, "orders per scenario")
+	logDir := flag.String("logs", "tmp/chaos", "where instance logs go")
+	flag.Parse()
+	zerolog.SetGlobalLevel(zerolog.Disabled) // toxiproxy's own logging
+	if *seed == 0 {
+		*seed = uint64(time.Now().UnixNano())
+	}
+	srv := servers{
+		mysqlDSN:  env("PAYSVC_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/"),
+		amqpURL:   env("PAYSVC_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		redisAddr: env("PAYSVC_TEST_REDIS_ADDR", "127.0.0.1:6379"),
+	}
+	if abs, err := filepath.Abs(*binary); err == nil {
+		*binary = abs
+	}
+	if _, err := os.Stat(*binary); err != nil {
+		fmt.Fprintf(os.Stderr, "paychaos: %v (build it: make chaos)\n", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	fmt.Printf("paychaos seed=%d\n", *seed)
+
+	var results []result
+	if *soak {
+		results = append(results, runSoak(ctx, srv, *binary, *logDir, *seed, *duration))
+	} else {
+		for i, s := range scenarios {
+			if *only != "" && !contains(strings.Split(*only, ","), s.name) {
+				continue
+			}
+			r := runScenario(ctx, s, i, srv, *binary, *logDir, *seed, *orders)
+			fmt.Printf("%-26s %s\n", s.name, verdict(r))
+			results = append(results, r)
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	report(results)
+	for _, r := range results {
+		if !r.passed() {
+			os.Exit(1)
+		}
+	}
+}
+
+func env(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func verdict(r result) string {
+	if r.passed() {
+		return "pass"
+	}
+	return "FAIL"
+}
+
+func hash(s string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	return h.Sum64()
+}
+
+func runScenario(ctx context.Context, s scenario, idx int, srv servers, binary, logDir string, seed uint64, orders int) (r result) {
+	r = result{name: s.name, faults: s.faults}
+	rng := rand.New(rand.NewPCG(seed, hash(s.name)))
+	w, err := newWorld(ctx, s.name, srv, binary, logDir)
+	if err != nil {
+		r.err = err
+		if w != nil {
+			w.close()
+		}
+		return r
+	}
+	defer w.close()
+	s = s.bind(w)
+	copies := s.dupCopies
+	if copies == 0 {
+		copies = 1
+	}
+	share := 0.3
+	if s.storm {
+		share = 1
+	}
+	wl := newWorkload(rng, fmt.Sprintf("C%02d", idx), orders, share, copies)
+	r.msgs, r.dups = len(wl.messages), wl.dups
+	if r.err = w.seed(ctx, wl); r.err != nil {
+		return r
+	}
+	if !s.storm {
+		if _, r.err = w.publish(ctx, wl.messages, 2); r.err != nil {
+			return r
+		}
+	}
+	if r.err = w.startInstances(3, s.crash); r.err != nil {
+		return r
+	}
+	var wg sync.WaitGroup
+	var injectErr error
+	if s.storm {
+		wg.Go(func() { _, injectErr = w.publish(ctx, wl.messages, 3) })
+	}
+	wg.Go(func() { lateOrders(ctx, w, wl) })
+	if s.inject != nil {
+		r.injected, r.err = s.inject(ctx, w, rng)
+	} else if len(s.crash) > 0 {
+		r.injected = 1
+	}
+	wg.Wait()
+	if r.err == nil {
+		r.err = injectErr
+	}
+	r.settled = w.waitSettled(ctx, wl, 120*time.Second)
+	r.restarts = w.restarts()
+	r.clean = w.stopAll(30 * time.Second)
+	r.outcomes = w.outcomes()
+	w.db.GetContext(ctx, &r.parked, "SELECT COUNT(*) FROM t_dead_letter")
+	r.invariants = w.check(ctx, wl)
+	if len(s.crash) > 0 && r.restarts == 0 {
+		r.err = fmt.Errorf("the crash point never fired")
+	}
+	return r
+}
+
+// lateOrders creates the late orders after their payments were published.
+func lateOrders(ctx context.Context, w *world, wl *workload) {
+	if !at(ctx, 1500*time.Millisecond) {
+		return
+	}
+	for _, o := range wl.late {
+		w.insertOrder(ctx, o)
+	}
+}
+
+// runSoak publishes batches and injects random faults from every scenario
+// for d, all drawn from seed, then drains and checks.
+func runSoak(ctx context.Context, srv servers, binary, logDir string, seed uint64, d time.Duration) (r result) {
+	r = result{name: "soak", faults: fmt.Sprintf("random mix, seed %d, %s", seed, d)}
+	rng := rand.New(rand.NewPCG(seed, 1))
+	w, err := newWorld(ctx, "soak", srv, binary, logDir)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	defer w.close()
+	if r.err = w.startInstances(3, nil); r.err != nil {
+		return r
+	}
+	var pool []scenario
+	for _, s := range scenarios {
+		if s.inject != nil {
+			pool = append(pool, s.bind(w))
+		}
+	}
+	all := &workload{late: map[string]order{}, orders: map[string]order{}}
+	batches := int(d / (2 * time.Second))
+	plans := make([]*workload, batches)
+	for i := range plans {
+		plans[i] = newWorkload(rng, fmt.Sprintf("S%04d", i), 60, 0.3, 1+rng.IntN(3))
+	}
+	faultSeeds := make([]uint64, 10000)
+	for i := range faultSeeds {
+		faultSeeds[i] = rng.Uint64()
+	}
+	soakCtx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i, wl := range plans {
+			if soakCtx.Err() != nil {
+				break
+			}
+			if err := w.seed(ctx, wl); err == nil {
+				w.publish(ctx, wl.messages, 2)
+				all.merge(wl)
+				r.msgs += len(wl.messages)
+				r.dups += wl.dups
+				go lateOrders(ctx, w, wl)
+			}
+			_ = i
+			at(soakCtx, 2*time.Second)
+		}
+	})
+	wg.Go(func() {
+		for i := 0; soakCtx.Err() == nil; i++ {
+			frng := rand.New(rand.NewPCG(faultSeeds[i%len(faultSeeds)], 2))
+			s := pool[frng.IntN(len(pool))]
+			if frng.IntN(4) == 0 { // a hard crash of a random instance
+				w.signal(frng.IntN(3), syscall.SIGKILL)
+			} else if n, err := s.inject(soakCtx, w, frng); err == nil {
+				r.injected += n
+			}
+			at(soakCtx, time.Duration(500+frng.IntN(1500))*time.Millisecond)
+		}
+	})
+	wg.Wait()
+	r.settled = w.waitSettled(ctx, all, 180*time.Second)
+	r.restarts = w.restarts()
+	r.clean = w.stopAll(30 * time.Second)
+	r.outcomes = w.outcomes()
+	w.db.GetContext(ctx, &r.parked, "SELECT COUNT(*) FROM t_dead_letter")
+	r.invariants = w.check(ctx, all)
+	return r
+}
+
+func (a *workload) merge(b *workload) {
+	a.payable = append(a.payable, b.payable...)
+	a.terminal = append(a.terminal, b.terminal...)
+	a.poison = append(a.poison, b.poison...)
+	for k, v := range b.orders {
+		a.orders[k] = v
+	}
+}
+
+func report(results []result) {
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nSCENARIO\tFAULTS INJECTED\tMSGS\tDUP COPIES\tFIRST\tDUPLICATE\tPARKED\tRESTARTS\tone-flow\tbalances\taccounted\tredis-done\tRESULT")
+	passed, failed := 0, 0
+	var problems []string
+	for _, r := range results {
+		cells := []string{}
+		for _, inv := range r.invariants {
+			cells = append(cells, map[bool]string{true: "ok", false: "VIOLATED"}[inv.ok])
+			if !inv.ok {
+				problems = append(problems, fmt.Sprintf("%s %s: %s", r.name, inv.name, inv.detail))
+			}
+		}
+		for len(cells) < 4 {
+			cells = append(cells, "-")
+		}
+		if r.err != nil {
+			problems = append(problems, fmt.Sprintf("%s: %v", r.name, r.err))
+		}
+		if !r.settled {
+			problems = append(problems, r.name+": did not settle (queues or expected end states) before the deadline")
+		}
+		if !r.clean {
+			problems = append(problems, r.name+": an instance did not exit 0 on SIGTERM")
+		}
+		res := "pass"
+		if r.passed() {
+			passed++
+		} else {
+			failed++
+			res = "FAIL"
+		}
+		fmt.Fprintf(tw, "%s\t%d× %s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", r.name, r.injected, r.faults, r.msgs, r.dups,
+			r.outcomes["FIRST"], r.outcomes["DUPLICATE"], r.parked, r.restarts, strings.Join(cells, "\t"), res)
+	}
+	tw.Flush()
+	for _, p := range problems {
+		fmt.Println("  " + p)
+	}
+	fmt.Printf("%d passed, %d failed\n", passed, failed)
+}

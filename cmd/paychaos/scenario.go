@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"syscall"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+)
+
+// scenario is one fault, injected while the instances work.
+type scenario struct {
+	name      string
+	faults    string   // what is injected
+	crash     []string // crash point env for the first instance's first run
+	storm     bool     // publish after start, 5 copies of each from 3 publishers
+	dupCopies int
+	inject    func(ctx context.Context, w *world, rng *rand.Rand) (int, error)
+}
+
+func at(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+func toxic(p *toxiproxy.Proxy, name, typ, stream string, attrs string) error {
+	_, err := p.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(
+		`{"name":%q,"type":%q,"stream":%q,"toxicity":1,"attributes":%s}`, name, typ, stream, attrs)))
+	return err
+}
+
+func untoxic(p *toxiproxy.Proxy, name string) { p.Toxics.RemoveToxic(context.Background(), name) }
+
+// withToxic applies a toxic for d, starting after delay.
+func withToxic(p *toxiproxy.Proxy, typ, stream, attrs string, delay, d time.Duration) func(context.Context, *world, *rand.Rand) (int, error) {
+	return func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
+		if !at(ctx, delay) {
+			return 0, nil
+		}
+		name := typ + "-" + stream
+		if err := toxic(p, name, typ, stream, attrs); err != nil {
+			return 0, err
+		}
+		at(ctx, d)
+		untoxic(p, name)
+		return 1, nil
+	}
+}
+
+func repeat(times int, every time.Duration, f func(ctx context.Context, w *world) error) func(context.Context, *world, *rand.Rand) (int, error) {
+	return func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
+		n := 0
+		for range times {
+			if !at(ctx, every) {
+				break
+			}
+			if err := f(ctx, w); err != nil {
+				return n, err
+			}
+			n++
+		}
+		return n, nil
+	}
+}
+
+func killMySQLConnections(ctx context.Context, w *world) error {
+	var ids []int64
+	if err := w.admin.SelectContext(ctx, &ids, "SELECT id FROM information_schema.processlist WHERE db = ? AND id <> CONNECTION_ID()", w.dbName); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		w.admin.ExecContext(ctx, "KILL CONNECTION ?", id) // it may be gone already
+	}
+	return nil
+}
+
+// lockContention holds the rich users' account rows past paysvc's lock wait
+// timeout (2s), and meanwhile takes an order lock in the opposite order to
+// paysvc's, inviting deadlocks.
+func lockContention(ctx context.Context, w *world) error {
+	tx, err := w.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "SELECT balance FROM t_account WHERE user_id BETWEEN 1 AND 5 FOR UPDATE"); err != nil {
+		return err
+	}
+	// An order of user 1 still INIT, locked after the accounts: the reverse of
+	// paysvc's order-then-account.
+	tx.ExecContext(ctx, "SELECT status FROM t_order WHERE user_id = 1 AND status = 'INIT' LIMIT 1 FOR UPDATE")
+	at(ctx, 2500*time.Millisecond)
+	return nil
+}
+
+var scenarios = []scenario{
+	{name: "baseline", faults: "none"},
+	{name: "kill9-after-claim", faults: "SIGKILL after the Redis claim (20th message)",
+		crash: []string{"PAYSVC_FAULT_POINT=after_claim", "PAYSVC_FAULT_AFTER=20"}},
+	{name: "kill9-mid-transaction", faults: "SIGKILL inside the payment transaction",
+		crash: []string{"PAYSVC_FAULT_POINT=mid_transaction", "PAYSVC_FAULT_AFTER=20"}},
+	{name: "kill9-after-commit", faults: "SIGKILL after commit, before ack",
+		crash: []string{"PAYSVC_FAULT_POINT=after_commit", "PAYSVC_FAULT_AFTER=20"}},
+	{name: "sigstop-sigcont", faults: "SIGSTOP an instance 5s (longer than its lease), SIGCONT",
+		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
+			if !at(ctx, 200*time.Millisecond) {
+				return 0, nil
+			}
+			w.signal(1, syscall.SIGSTOP)
+			at(ctx, 5*time.Second)
+			w.signal(1, syscall.SIGCONT)
+			return 1, nil
+		}},
+	{name: "sigterm-under-load", faults: "SIGTERM two instances under load (restarted)",
+		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
+			if !at(ctx, 200*time.Millisecond) {
+				return 0, nil
+			}
+			w.signal(0, syscall.SIGTERM)
+			at(ctx, 300*time.Millisecond)
+			w.signal(2, syscall.SIGTERM)
+			return 2, nil
+		}},
+	{name: "broker-connections-closed", faults: "rabbitmqctl close_all_connections, 3 times",
+		inject: repeat(3, 400*time.Millisecond, func(ctx context.Context, w *world) error {
+			return rabbitmqctl("close_all_connections", "-p", w.vhost, "chaos")
+		})},
+	{name: "broker-restart", faults: "rabbitmqctl stop_app, start_app",
+		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
+			if !at(ctx, 200*time.Millisecond) {
+				return 0, nil
+			}
+			if err := rabbitmqctl("stop_app"); err != nil {
+				return 0, err
+			}
+			at(ctx, time.Second)
+			if err := rabbitmqctl("start_app"); err != nil {
+				return 1, err
+			}
+			return 1, rabbitmqctl("await_startup")
+		}},
+	{name: "redis-unreachable", faults: "Redis proxy down 3s (CLOSED: pause)",
+		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
+			if !at(ctx, 200*time.Millisecond) {
+				return 0, nil
+			}
+			w.redisProxy.Stop()
+			at(ctx, 3*time.Second)
+			return 1, w.redisProxy.Start()
+		}},
+	{name: "redis-flushed", faults: "every paysvc key deleted, 3 times",
+		inject: repeat(3, 300*time.Millisecond, func(ctx context.Context, w *world) error { w.deleteKeys(); return nil })},
+	{name: "redis-clients-killed", faults: "CLIENT KILL TYPE normal, 3 times",
+		inject: repeat(3, 300*time.Millisecond, func(ctx context.Context, w *world) error {
+			return w.rdb.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err()
+		})},
+	{name: "redis-slow", faults: "Redis replies 300±200ms late for 3s",
+		inject: withToxic(nil, "latency", "downstream", `{"latency":300,"jitter":200}`, 100*time.Millisecond, 3*time.Second)},
+	{name: "mysql-connections-killed", faults: "KILL CONNECTION of every paysvc connection, 4 times",
+		inject: repeat(4, 300*time.Millisecond, killMySQLConnections)},
+	{name: "mysql-locks-deadlocks", faults: "competing transactions: lock wait timeouts and deadlocks, 3 times",
+		inject: repeat(3, 100*time.Millisecond, lockContention)},
+	{name: "mysql-commit-unknown", faults: "connection cut right after COMMIT, 6 times",
+		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
+			w.commitCut.arm(6)
+			at(ctx, 3*time.Second)
+			w.commitCut.mu.Lock()
+			defer w.commitCut.mu.Unlock()
+			w.commitCut.armed = 0
+			return w.commitCut.cuts, nil
+		}},
+	{name: "net-latency", faults: "50±30ms on every server for 3s",
+		inject: func(ctx context.Context, w *world, rng *rand.Rand) (int, error) {
+			for _, p := range w.proxies() {
+				if err := toxic(p, "lat", "latency", "downstream", `{"latency":50,"jitter":30}`); err != nil {
+					return 0, err
+				}
+			}
+			at(ctx, 3*time.Second)
+			for _, p := range w.proxies() {
+				untoxic(p, "lat")
+			}
+			return 3, nil
+		}},
+	{name: "net-blackhole-broker", faults: "broker traffic black-holed 4s",
+		inject: withToxic(nil, "timeout", "upstream", `{"timeout":0}`, 200*time.Millisecond, 4*time.Second)},
+	{name: "net-reset-mysql", faults: "MySQL connections reset (reset_peer), 3 times",
+		inject: repeat(3, 400*time.Millisecond, func(ctx context.Context, w *world) error {
+			if err := toxic(w.mysqlProxy, "reset", "reset_peer", "upstream", `{"timeout":0}`); err != nil {
+				return err
+			}
+			at(ctx, 100*time.Millisecond)
+			untoxic(w.mysqlProxy, "reset")
+			return nil
+		})},
+	{name: "net-bandwidth", faults: "broker and MySQL limited to 20 KB/s for 3s",
+		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
+			for _, p := range []*toxiproxy.Proxy{w.amqpProxy, w.mysqlProxy} {
+				if err := toxic(p, "bw", "bandwidth", "downstream", `{"rate":20}`); err != nil {
+					return 0, err
+				}
+			}
+			at(ctx, 3*time.Second)
+			untoxic(w.amqpProxy, "bw")
+			untoxic(w.mysqlProxy, "bw")
+			return 2, nil
+		}},
+	{name: "duplicate-storm", faults: "5 copies of each payment, 3 publishers, while 3 instances consume", storm: true, dupCopies: 4},
+}
+
+func (w *world) proxies() []*toxiproxy.Proxy {
+	return []*toxiproxy.Proxy{w.mysqlProxy, w.redisProxy, w.amqpProxy}
+}
+
+// bind resolves the proxy of toxic scenarios that name one.
+func (s scenario) bind(w *world) scenario {
+	switch s.name {
+	case "redis-slow":
+		s.inject = withToxic(w.redisProxy, "latency", "downstream", `{"latency":300,"jitter":200}`, 100*time.Millisecond, 3*time.Second)
+	case "net-blackhole-broker":
+		s.inject = withToxic(w.amqpProxy, "timeout", "upstream", `{"timeout":0}`, 200*time.Millisecond, 4*time.Second)
+	}
+	return s
+}

@@ -1,0 +1,445 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/sqldb"
+	"github.com/paysvc/paysvc/migrations"
+)
+
+// Servers the suite runs against; loopback only.
+type servers struct {
+	mysqlDSN  string // without database
+	amqpURL   string // without vhost
+	redisAddr string
+}
+
+// world is one scenario's isolated database, vhost and key prefix, with
+// proxies in front of each server and the paysvc instances behind them.
+type world struct {
+	name    string
+	srv     servers
+	binary  string
+	dir     string
+	dbName  string
+	db      *sqlx.DB
+	admin   *sqlx.DB
+	vhost   string
+	amqpURL string // direct, for publishing and inspecting
+	rdb     *redis.Client
+	prefix  string
+	delays  []time.Duration
+
+	toxi                   *toxiproxy.ApiServer
+	mysqlProxy, redisProxy *toxiproxy.Proxy
+	amqpProxy              *toxiproxy.Proxy
+	commitCut              *commitCutter
+	mu                     sync.Mutex // guards instances, stopping, and each instance's process
+	instances              []*instance
+	stopping               bool
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func newWorld(ctx context.Context, name string, srv servers, binary, logDir string) (*world, error) {
+	w := &world{name: name, srv: srv, binary: binary,
+		delays: []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, time.Second}}
+	id := strings.ReplaceAll(name, "-", "_") + "_" + randHex(3)
+	w.dbName, w.vhost, w.prefix = "chaos_"+id, "chaos_"+id, "chaos:"+id+":"
+	w.dir = filepath.Join(logDir, name+"-"+id[len(id)-6:])
+	if err := os.MkdirAll(w.dir, 0o755); err != nil {
+		return nil, err
+	}
+	cfg, err := mysql.ParseDSN(srv.mysqlDSN)
+	if err != nil {
+		return nil, err
+	}
+	if w.admin, err = sqldb.Open(ctx, cfg.FormatDSN(), 4); err != nil {
+		return nil, err
+	}
+	if _, err := w.admin.ExecContext(ctx, "CREATE DATABASE `"+w.dbName+"`"); err != nil {
+		return nil, err
+	}
+	cfg.DBName = w.dbName
+	if w.db, err = sqldb.Open(ctx, cfg.FormatDSN(), 8); err != nil {
+		return nil, err
+	}
+	ms, err := sqldb.LoadMigrations(migrations.FS)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := sqldb.Migrate(ctx, w.db, ms); err != nil {
+		return nil, err
+	}
+	if err := rabbitmqctl("add_vhost", w.vhost); err != nil {
+		return nil, err
+	}
+	if err := rabbitmqctl("set_permissions", "-p", w.vhost, "guest", ".*", ".*", ".*"); err != nil {
+		return nil, err
+	}
+	w.amqpURL = strings.TrimSuffix(srv.amqpURL, "/") + "/" + w.vhost
+	w.rdb = redis.NewClient(&redis.Options{Addr: srv.redisAddr})
+
+	w.toxi = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	u, _ := splitHostPort(srv.amqpURL)
+	w.mysqlProxy = toxiproxy.NewProxy(w.toxi, "mysql", "127.0.0.1:0", cfg.Addr)
+	w.redisProxy = toxiproxy.NewProxy(w.toxi, "redis", "127.0.0.1:0", srv.redisAddr)
+	w.amqpProxy = toxiproxy.NewProxy(w.toxi, "amqp", "127.0.0.1:0", u)
+	for _, p := range []*toxiproxy.Proxy{w.mysqlProxy, w.redisProxy, w.amqpProxy} {
+		if err := p.Start(); err != nil {
+			return nil, fmt.Errorf("proxy %s: %w", p.Name, err)
+		}
+	}
+	if w.commitCut, err = newCommitCutter(w.mysqlProxy.Listen); err != nil {
+		return nil, err
+	}
+	// Declare the topology up front so that publishing can start at once.
+	conn, err := amqp.Dial(w.amqpURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	return w, listener.Declare(ch, w.delays)
+}
+
+func splitHostPort(amqpURL string) (string, error) {
+	u := strings.TrimPrefix(strings.TrimPrefix(amqpURL, "amqp://"), "amqps://")
+	if i := strings.Index(u, "@"); i >= 0 {
+		u = u[i+1:]
+	}
+	if i := strings.Index(u, "/"); i >= 0 {
+		u = u[:i]
+	}
+	_, _, err := net.SplitHostPort(u)
+	return u, err
+}
+
+// close stops everything and removes the database, vhost and keys.
+func (w *world) close() {
+	w.stopAll(15 * time.Second)
+	w.commitCut.close()
+	for _, p := range []*toxiproxy.Proxy{w.mysqlProxy, w.redisProxy, w.amqpProxy} {
+		if p != nil {
+			p.Stop()
+		}
+	}
+	if w.db != nil {
+		w.db.Close()
+	}
+	if w.admin != nil {
+		w.admin.Exec("DROP DATABASE IF EXISTS `" + w.dbName + "`")
+		w.admin.Close()
+	}
+	rabbitmqctl("delete_vhost", w.vhost)
+	if w.rdb != nil {
+		w.deleteKeys()
+		w.rdb.Close()
+	}
+}
+
+func (w *world) deleteKeys() {
+	ctx := context.Background()
+	iter := w.rdb.Scan(ctx, 0, w.prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		w.rdb.Del(ctx, iter.Val())
+	}
+}
+
+func rabbitmqctl(args ...string) error {
+	argv := append([]string{"rabbitmqctl", "-q"}, args...)
+	if os.Geteuid() != 0 {
+		argv = append([]string{"sudo", "-n"}, argv...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("rabbitmqctl %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// instance is one paysvc process; the world restarts it when it dies, as an
+// orchestrator would.
+type instance struct {
+	name    string
+	env     []string
+	oneShot []string // env for the first start only (a crash point)
+	cmd     *exec.Cmd
+	done    chan struct{}
+	starts  int
+	logPath string
+}
+
+func (w *world) env() []string {
+	mcfg, _ := mysql.ParseDSN(w.srv.mysqlDSN)
+	mcfg.Addr, mcfg.DBName = w.commitCut.addr(), w.dbName
+	mcfg.Params = map[string]string{"innodb_lock_wait_timeout": "2"}
+	amqpURL := strings.Replace(strings.TrimSuffix(w.srv.amqpURL, "/"), mustHost(w.srv.amqpURL), w.amqpProxy.Listen, 1) + "/" + w.vhost
+	delays := make([]string, len(w.delays))
+	for i, d := range w.delays {
+		delays[i] = d.String()
+	}
+	return []string{
+		"PATH=" + os.Getenv("PATH"),
+		"PAYSVC_AMQP_URL=" + amqpURL,
+		"PAYSVC_MYSQL_DSN=" + mcfg.FormatDSN(),
+		"PAYSVC_REDIS_ADDR=" + w.redisProxy.Listen,
+		"PAYSVC_IDEMPOTENT_KEYPREFIX=" + w.prefix,
+		"PAYSVC_IDEMPOTENT_LEASE=3s",
+		"PAYSVC_RETRY_DELAYS=" + strings.Join(delays, ","),
+		"PAYSVC_RETRY_MAXATTEMPTS=6",
+		"PAYSVC_AMQP_WORKERS=8",
+		"PAYSVC_AMQP_PREFETCH=16",
+		"PAYSVC_AMQP_DRAINTIMEOUT=10s",
+		"PAYSVC_HTTP_ADDR=",
+		"PAYSVC_METRICS_QUEUEINTERVAL=1s",
+	}
+}
+
+func mustHost(u string) string {
+	h, _ := splitHostPort(u)
+	return h
+}
+
+// startInstances starts n instances; crash, if set, arms a crash point in the
+// first instance's first run.
+func (w *world) startInstances(n int, crash []string) error {
+	for i := range n {
+		in := &instance{name: fmt.Sprintf("%s-%d", w.name, i+1), env: w.env()}
+		if i == 0 {
+			in.oneShot = crash
+		}
+		in.logPath = filepath.Join(w.dir, in.name+".log")
+		w.mu.Lock()
+		w.instances = append(w.instances, in)
+		w.mu.Unlock()
+		w.mu.Lock()
+		err := w.start(in)
+		w.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *world) start(in *instance) error {
+	logf, err := os.OpenFile(in.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	env := in.env
+	if in.starts == 0 {
+		env = append(append([]string{}, env...), in.oneShot...)
+	}
+	cmd := exec.Command(w.binary, "run")
+	cmd.Env, cmd.Stdout, cmd.Stderr, cmd.Dir = env, logf, logf, w.dir
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	in.cmd, in.done, in.starts = cmd, make(chan struct{}), in.starts+1
+	done := in.done
+	go func() {
+		cmd.Wait()
+		logf.Close()
+		close(done)
+		w.mu.Lock()
+		restart := !w.stopping
+		w.mu.Unlock()
+		if restart {
+			time.Sleep(300 * time.Millisecond)
+			w.mu.Lock()
+			if !w.stopping {
+				w.start(in)
+			}
+			w.mu.Unlock()
+		}
+	}()
+	return nil
+}
+
+// signal sends sig to instance i.
+func (w *world) signal(i int, sig syscall.Signal) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if i < len(w.instances) && w.instances[i].cmd != nil && w.instances[i].cmd.Process != nil {
+		w.instances[i].cmd.Process.Signal(sig)
+	}
+}
+
+// stopAll sends SIGTERM (SIGCONT first, for a stopped one) and waits.
+func (w *world) stopAll(within time.Duration) (clean bool) {
+	w.mu.Lock()
+	w.stopping = true
+	ins := append([]*instance{}, w.instances...)
+	w.mu.Unlock()
+	clean = true
+	for _, in := range ins {
+		if in.cmd != nil && in.cmd.Process != nil {
+			in.cmd.Process.Signal(syscall.SIGCONT)
+			in.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	deadline := time.After(within)
+	for _, in := range ins {
+		if in.cmd == nil || in.done == nil {
+			continue
+		}
+		select {
+		case <-in.done:
+			if in.cmd.ProcessState != nil && !in.cmd.ProcessState.Success() {
+				clean = false
+			}
+		case <-deadline:
+			in.cmd.Process.Kill()
+			clean = false
+		}
+	}
+	return clean
+}
+
+// crashes counts instance starts beyond the first.
+func (w *world) restarts() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, in := range w.instances {
+		n += in.starts - 1
+	}
+	return n
+}
+
+// outcomes counts "message handled" results over every instance's log.
+func (w *world) outcomes() map[string]int {
+	n := map[string]int{}
+	w.mu.Lock()
+	ins := append([]*instance{}, w.instances...)
+	w.mu.Unlock()
+	for _, in := range ins {
+		f, err := os.Open(in.logPath)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if !strings.Contains(line, `"msg":"message handled"`) {
+				continue
+			}
+			if i := strings.Index(line, `"result":"`); i >= 0 {
+				r := line[i+10:]
+				n[r[:strings.Index(r, `"`)]]++
+			}
+		}
+		f.Close()
+	}
+	return n
+}
+
+// commitCutter is a TCP proxy in front of MySQL that, when armed, drops the
+// connection right after forwarding a COMMIT: the server may have committed,
+// the client never hears. That is "commit outcome unknown".
+type commitCutter struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	armed int // connections to cut, one COMMIT each
+	cuts  int
+}
+
+func newCommitCutter(upstream string) (*commitCutter, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	c := &commitCutter{ln: ln}
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go c.pipe(client, upstream)
+		}
+	}()
+	return c, nil
+}
+
+func (c *commitCutter) addr() string { return c.ln.Addr().String() }
+func (c *commitCutter) close()       { c.ln.Close() }
+
+func (c *commitCutter) arm(n int) {
+	c.mu.Lock()
+	c.armed += n
+	c.mu.Unlock()
+}
+
+func (c *commitCutter) take() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.armed > 0 {
+		c.armed--
+		c.cuts++
+		return true
+	}
+	return false
+}
+
+func (c *commitCutter) pipe(client net.Conn, upstream string) {
+	server, err := net.Dial("tcp", upstream)
+	if err != nil {
+		client.Close()
+		return
+	}
+	go func() { io.Copy(client, server); client.Close(); server.Close() }()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := client.Read(buf)
+		if n > 0 {
+			if _, werr := server.Write(buf[:n]); werr != nil {
+				break
+			}
+			// COM_QUERY (0x03) "COMMIT": cut after forwarding it.
+			if strings.Contains(string(buf[:n]), "\x03COMMIT") && c.take() {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	client.Close()
+	server.Close()
+}
