@@ -253,14 +253,18 @@ func runSoak(ctx context.Context, srv servers, binary, logDir string, seed uint6
 			if soakCtx.Err() != nil {
 				break
 			}
-			if err := w.seed(ctx, wl); err == nil {
-				w.publish(ctx, wl.messages, 2)
-				all.merge(wl)
-				r.msgs += len(wl.messages)
-				r.dups += wl.dups
-				go lateOrders(ctx, w, wl)
+			if err := w.seed(ctx, wl); err != nil {
+				r.err = fmt.Errorf("batch %d: seed: %w", i, err)
+				return
 			}
-			_ = i
+			if _, err := w.publish(ctx, wl.messages, 2); err != nil {
+				r.err = fmt.Errorf("batch %d: publish: %w", i, err)
+				return
+			}
+			all.merge(wl)
+			r.msgs += len(wl.messages)
+			r.dups += wl.dups
+			go lateOrders(ctx, w, wl)
 			at(soakCtx, 2*time.Second)
 		}
 	})

@@ -88,13 +88,16 @@ func newWorkload(rng *rand.Rand, tag string, n int, dupShare float64, dupCopies 
 // seed writes accounts with known opening balances and the orders that exist
 // before their payments.
 func (w *world) seed(ctx context.Context, wl *workload) error {
-	for u := int64(1); u <= users; u++ {
-		if err := w.account(ctx, u, "1000000.00"); err != nil {
+	if !w.seeded {
+		for u := int64(1); u <= users; u++ {
+			if err := w.account(ctx, u, "1000000.00"); err != nil {
+				return err
+			}
+		}
+		if err := w.account(ctx, poorUser, "1.00"); err != nil {
 			return err
 		}
-	}
-	if err := w.account(ctx, poorUser, "1.00"); err != nil {
-		return err
+		w.seeded = true
 	}
 	for _, o := range wl.orders {
 		if _, late := wl.late[o.no]; late {
@@ -120,60 +123,63 @@ func (w *world) insertOrder(ctx context.Context, o order) error {
 	return err
 }
 
-// publish sends bodies with publisher confirms from `publishers` goroutines
-// and returns how many were confirmed.
+// publish sends bodies with publisher confirms from `publishers` goroutines,
+// reconnecting through broker faults, until each is confirmed (or ctx ends).
+// A body whose confirm was lost may be sent twice: a duplicate, as a real
+// producer's retry would make.
 func (w *world) publish(ctx context.Context, bodies [][]byte, publishers int) (int, error) {
 	var mu sync.Mutex
 	confirmed := 0
-	var firstErr error
 	var wg sync.WaitGroup
 	for p := range publishers {
 		wg.Go(func() {
-			err := func() error {
-				conn, err := amqp.Dial(w.amqpURL)
-				if err != nil {
-					return err
-				}
-				defer conn.Close()
-				ch, err := conn.Channel()
-				if err != nil {
-					return err
-				}
-				if err := ch.Confirm(false); err != nil {
-					return err
-				}
-				for i := p; i < len(bodies); i += publishers {
-					for attempt := 0; ; attempt++ {
-						conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", listener.MainQueue, true, false,
-							amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: bodies[i]})
-						if err != nil {
-							return err
-						}
-						if ok, err := conf.WaitContext(ctx); err != nil {
-							return err
-						} else if ok {
-							break
-						}
-						if attempt > 20 {
-							return fmt.Errorf("message nacked 20 times")
-						}
-						time.Sleep(50 * time.Millisecond)
-					}
-					mu.Lock()
-					confirmed++
-					mu.Unlock()
-				}
-				return nil
-			}()
-			if err != nil {
+			next := p
+			for next < len(bodies) && ctx.Err() == nil {
+				n, err := w.publishFrom(ctx, bodies, next, publishers)
 				mu.Lock()
-				if firstErr == nil {
-					firstErr = err
-				}
+				confirmed += n
 				mu.Unlock()
+				next += n * publishers
+				if err != nil {
+					at(ctx, 500*time.Millisecond)
+				}
 			}
 		})
 	}
 	wg.Wait()
-	return confirmed, firstErr
+	return confirmed, ctx.Err()
+}
+
+// publishFrom publishes bodies[i], bodies[i+step], ... on one connection and
+// returns how many were confirmed before an error.
+func (w *world) publishFrom(ctx context.Context, bodies [][]byte, i, step int) (int, error) {
+	conn, err := amqp.Dial(w.amqpURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return 0, err
+	}
+	n := 0
+	for ; i < len(bodies); i += step {
+		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", listener.MainQueue, true, false,
+			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: bodies[i]})
+		if err != nil {
+			return n, err
+		}
+		ok, err := conf.WaitContext(ctx)
+		if err != nil {
+			return n, err
+		}
+		if !ok {
+			return n, fmt.Errorf("publish nacked")
+		}
+		n++
+	}
+	return n, nil
 }

@@ -59,6 +59,7 @@ type world struct {
 	mu                     sync.Mutex // guards instances, stopping, and each instance's process
 	instances              []*instance
 	stopping               bool
+	seeded                 bool // accounts exist
 }
 
 func randHex(n int) string {
