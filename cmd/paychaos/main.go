@@ -24,6 +24,8 @@ import (
 	"flag"
 	"fmt"
 	"hash/fnv"
+	"io"
+	"log"
 	"math/rand/v2"
 	"os"
 	"os/signal"
@@ -34,6 +36,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/rs/zerolog"
 )
 
@@ -71,7 +74,8 @@ func main() {
 	orders := flag.Int("orders", 240, "orders per scenario")
 	logDir := flag.String("logs", "tmp/chaos", "where instance logs go")
 	flag.Parse()
-	zerolog.SetGlobalLevel(zerolog.Disabled) // toxiproxy's own logging
+	zerolog.SetGlobalLevel(zerolog.Disabled)    // toxiproxy's own logging
+	mysql.SetLogger(log.New(io.Discard, "", 0)) // "closing bad idle connection" after the kills we make
 	if *seed == 0 {
 		*seed = uint64(time.Now().UnixNano())
 	}
