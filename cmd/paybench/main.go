@@ -1,0 +1,166 @@
+// Command paybench measures paysvc against the real servers on loopback, and
+// in the same run the ceilings it sits on, since a shared machine is noisy:
+//
+//   - the payment transaction itself from plain Go, at 16, 32 and 64
+//     connections (the best is the MySQL ceiling);
+//   - RabbitMQ delivering and acking the same persistent messages, no work;
+//   - Redis SET NX round trips at 64 connections;
+//   - paysvc's consumer with the default settings draining preloaded
+//     messages (with duplicates): messages/s, CPU seconds per 1,000 messages,
+//     peak heap, and handling latency p50/p99/p99.9;
+//   - the article's configuration (1 worker, prefetch 10);
+//   - hot accounts: every payment on 10 users;
+//   - open loop at half the measured peak: latency from publish to payment.
+//
+// Usage: paybench [-n 20000] [-dup 0.1] [-users 1000] (make bench)
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"io"
+	"log"
+)
+
+type options struct {
+	mysqlDSN, amqpURL, redisAddr string
+	n, users, hotUsers           int
+	dup                          float64
+	defaults                     consumerConfig
+}
+
+func env(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() {
+	o := &options{
+		mysqlDSN:  env("PAYSVC_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/"),
+		amqpURL:   env("PAYSVC_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		redisAddr: env("PAYSVC_TEST_REDIS_ADDR", "127.0.0.1:6379"),
+		defaults:  consumerConfig{workers: 32, prefetch: 64, maxOpen: 32}, // config.yaml's defaults
+	}
+	flag.IntVar(&o.n, "n", 20000, "payments per paysvc run")
+	flag.IntVar(&o.users, "users", 1000, "accounts")
+	flag.IntVar(&o.hotUsers, "hot-users", 10, "accounts in the hot-account run")
+	flag.Float64Var(&o.dup, "dup", 0.1, "share of payments published twice")
+	only := flag.String("only", "", "comma-separated phases: ceilings,default,article,hot,open")
+	flag.Parse()
+	mysql.SetLogger(log.New(io.Discard, "", 0))
+	ctx := context.Background()
+	want := func(p string) bool { return *only == "" || strings.Contains(","+*only+",", ","+p+",") }
+
+	fmt.Printf("paybench: %d CPUs, %s, %s\n", runtime.NumCPU(), runtime.Version(), serverVersions())
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	row := func(name string, rate float64, rest string) {
+		fmt.Fprintf(tw, "%s\t%.0f msg/s\t%s\n", name, rate, rest)
+		tw.Flush()
+	}
+	fail := func(err error) {
+		fmt.Fprintf(os.Stderr, "paybench: %v\n", err)
+		os.Exit(1)
+	}
+
+	var ceiling, txBest float64
+	if want("ceilings") {
+		for _, conc := range []int{16, 32, 64} {
+			rate, err := mysqlCeiling(ctx, o, conc, o.n)
+			if err != nil {
+				fail(err)
+			}
+			row(fmt.Sprintf("ceiling: payment tx, plain Go, %d conns", conc), rate, "")
+			txBest = max(txBest, rate)
+		}
+		amqpRate, err := rabbitCeiling(ctx, o, o.n, 64)
+		if err != nil {
+			fail(err)
+		}
+		row("ceiling: RabbitMQ deliver+ack, no work", amqpRate, "")
+		redisRate, err := redisCeiling(ctx, o, 64, o.n*2)
+		if err != nil {
+			fail(err)
+		}
+		row("ceiling: Redis SET NX, 64 conns", redisRate, "")
+		ceiling = min(txBest, amqpRate, redisRate)
+	}
+	var peak float64
+	if want("default") {
+		r, err := drain(ctx, o, "default", o.defaults, o.n, o.dup, 0)
+		if err != nil {
+			fail(err)
+		}
+		peak = r.rate
+		row(fmt.Sprintf("paysvc default (32 workers, prefetch 64), %d msgs, %.0f%% dup", r.msgs, o.dup*100), r.rate,
+			describe(r)+fraction(r.rate, ceiling))
+	}
+	if want("article") {
+		r, err := drain(ctx, o, "article", consumerConfig{workers: 1, prefetch: 10, maxOpen: 4}, o.n/4, o.dup, 0)
+		if err != nil {
+			fail(err)
+		}
+		extra := ""
+		if peak > 0 {
+			extra = fmt.Sprintf("; default is %.1fx this", peak/r.rate)
+		}
+		row("article config (1 worker, prefetch 10)", r.rate, describe(r)+extra)
+	}
+	if want("hot") {
+		r, err := drain(ctx, o, "hot", o.defaults, o.n/2, o.dup, 1.0)
+		if err != nil {
+			fail(err)
+		}
+		row(fmt.Sprintf("hot accounts: all payments on %d users", o.hotUsers), r.rate, describe(r))
+	}
+	if want("open") {
+		rate := peak / 2
+		if rate == 0 {
+			rate = 500
+		}
+		p50, p99, p999, err := openLoop(ctx, o, rate, 10*time.Second)
+		if err != nil {
+			fail(err)
+		}
+		row(fmt.Sprintf("open loop at %.0f msg/s (half the peak), publish→payment", rate), rate,
+			fmt.Sprintf("p50 %s  p99 %s  p99.9 %s", ms(p50), ms(p99), ms(p999)))
+	}
+}
+
+func describe(r run) string {
+	return fmt.Sprintf("handling p50 %s  p99 %s  p99.9 %s; %.2f CPU s/1k msgs; peak heap %.0f MiB",
+		ms(r.p50), ms(r.p99), ms(r.p999), r.cpuPer1k, r.peakHeapMiB)
+}
+
+func fraction(rate, ceiling float64) string {
+	if ceiling == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %.2fx the lowest ceiling", rate/ceiling)
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
+
+func serverVersions() string {
+	var parts []string
+	if out, err := exec.Command("mariadbd", "--version").Output(); err == nil {
+		parts = append(parts, strings.TrimSpace(string(out)))
+	}
+	if out, err := exec.Command("redis-server", "--version").Output(); err == nil {
+		f := strings.Fields(string(out))
+		if len(f) > 2 {
+			parts = append(parts, "Redis "+strings.TrimPrefix(f[2], "v="))
+		}
+	}
+	return strings.Join(parts, "; ")
+}

@@ -1,0 +1,358 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/paysvc/paysvc/internal/idem"
+	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/metrics"
+	"github.com/paysvc/paysvc/internal/order"
+	"github.com/paysvc/paysvc/internal/sqldb"
+	"github.com/paysvc/paysvc/internal/trace"
+)
+
+// mysqlCeiling runs the payment transaction itself (order.Store.Pay) from
+// plain Go at concurrency conc over n fresh orders.
+func mysqlCeiling(ctx context.Context, o *options, conc, n int) (float64, error) {
+	b, err := newBed(ctx, o, fmt.Sprintf("tx%d", conc))
+	if err != nil {
+		return 0, err
+	}
+	defer b.close()
+	pays, err := b.seed(ctx, n, o.users, 0, 0)
+	if err != nil {
+		return 0, err
+	}
+	db, err := sqldb.Open(ctx, b.dsn, conc)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	store := order.NewStore(db)
+	var next atomic.Int64
+	var failed atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				p := pays[i]
+				if err := store.Pay(ctx, order.Payment{OrderNo: p.orderNo, UserID: p.user, Amount: p.amount}); err != nil {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		return 0, fmt.Errorf("%d payments failed", f)
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// rabbitCeiling delivers and acks n persistent messages with no work.
+func rabbitCeiling(ctx context.Context, o *options, n, prefetch int) (float64, error) {
+	b, err := newBed(ctx, o, "amqp")
+	if err != nil {
+		return 0, err
+	}
+	defer b.close()
+	bodies := make([][]byte, n)
+	for i := range bodies {
+		bodies[i] = payment{orderNo: fmt.Sprintf("R%08d", i), user: 1, amount: 100}.body()
+	}
+	if err := b.preload(bodies); err != nil {
+		return 0, err
+	}
+	conn, err := amqp.Dial(b.amqpURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	ch.Qos(prefetch, 0, false)
+	ds, err := ch.Consume(listener.MainQueue, "", false, false, false, false, nil)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		d := <-ds
+		if err := d.Ack(false); err != nil {
+			return 0, err
+		}
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// redisCeiling runs n SET NX PX round trips at concurrency conc.
+func redisCeiling(ctx context.Context, o *options, conc, n int) (float64, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: o.redisAddr, PoolSize: conc})
+	defer rdb.Close()
+	prefix := fmt.Sprintf("bench_redis_%x:", rand.Uint32())
+	var next atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				rdb.SetNX(ctx, fmt.Sprintf("%s%d", prefix, i), "1", time.Minute)
+			}
+		})
+	}
+	wg.Wait()
+	rate := float64(n) / time.Since(start).Seconds()
+	iter := rdb.Scan(ctx, 0, prefix+"*", 10000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		if keys = append(keys, iter.Val()); len(keys) == 1000 {
+			rdb.Del(ctx, keys...)
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		rdb.Del(ctx, keys...)
+	}
+	return rate, nil
+}
+
+// run is one measured paysvc drain.
+type run struct {
+	msgs        int
+	rate        float64
+	cpuPer1k    float64 // CPU seconds per 1,000 messages (this process: consumer and bench)
+	peakHeapMiB float64
+	p50, p99    time.Duration
+	p999        time.Duration
+}
+
+// recorder captures the "duration" of every "message handled" log entry.
+type recorder struct {
+	zapcore.LevelEnabler
+	mu   sync.Mutex
+	durs []time.Duration
+}
+
+func (r *recorder) With([]zapcore.Field) zapcore.Core { return r }
+func (r *recorder) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if e.Message == "message handled" || e.Message == "outcome not acknowledged" {
+		return ce.AddCore(e, r)
+	}
+	return ce
+}
+func (r *recorder) Write(e zapcore.Entry, fields []zapcore.Field) error {
+	for _, f := range fields {
+		if f.Key == "duration" {
+			r.mu.Lock()
+			r.durs = append(r.durs, time.Duration(f.Integer))
+			r.mu.Unlock()
+		}
+	}
+	return nil
+}
+func (r *recorder) Sync() error { return nil }
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.durs)
+}
+
+type consumerConfig struct {
+	workers, prefetch, maxOpen int
+}
+
+// startConsumer runs paysvc's consumer in this process with the daemon's
+// wiring; stop drains it.
+func startConsumer(ctx context.Context, b *bed, o *options, cc consumerConfig, rec *recorder) (stop func(), err error) {
+	db, err := sqldb.Open(ctx, b.dsn, cc.maxOpen)
+	if err != nil {
+		return nil, err
+	}
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{o.redisAddr},
+		DialTimeout: 2 * time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, PoolSize: cc.workers + 4})
+	guard := idem.New(rdb, idem.Config{KeyPrefix: b.prefix, TTL: 24 * time.Hour, Lease: 60 * time.Second})
+	log := zap.New(rec)
+	c := listener.New(listener.Config{
+		URL: b.amqpURL, ConnectionName: "paybench", Prefetch: cc.prefetch, Workers: cc.workers,
+		Retry:         listener.RetryPolicy{Delays: delays, MaxAttempts: 5},
+		RedisFallback: listener.FallbackClosed, HandleTimeout: 30 * time.Second, DrainTimeout: 30 * time.Second,
+		PublishTimeout: 10 * time.Second, MaxBackoff: 15 * time.Second, Metrics: metrics.New(),
+		Events: &trace.Recorder{DB: db, Instance: "paybench"},
+	}, order.NewStore(db), guard, log)
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { c.Run(cctx); close(done) }()
+	return func() {
+		cancel()
+		<-done
+		rdb.Close()
+		db.Close()
+	}, nil
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// drain preloads n orders (plus duplicates) and measures paysvc draining them.
+func drain(ctx context.Context, o *options, name string, cc consumerConfig, n int, dup, hot float64) (run, error) {
+	var r run
+	b, err := newBed(ctx, o, name)
+	if err != nil {
+		return r, err
+	}
+	defer b.close()
+	pays, err := b.seed(ctx, n, o.users, hot, o.hotUsers)
+	if err != nil {
+		return r, err
+	}
+	var bodies [][]byte
+	for _, p := range pays {
+		bodies = append(bodies, p.body())
+		if rand.Float64() < dup {
+			bodies = append(bodies, p.body())
+		}
+	}
+	rand.Shuffle(len(bodies), func(i, j int) { bodies[i], bodies[j] = bodies[j], bodies[i] })
+	if err := b.preload(bodies); err != nil {
+		return r, err
+	}
+	runtime.GC()
+	rec := &recorder{LevelEnabler: zapcore.InfoLevel}
+	cpu0, start := cpuTime(), time.Now()
+	stop, err := startConsumer(ctx, b, o, cc, rec)
+	if err != nil {
+		return r, err
+	}
+	var peak uint64
+	deadline := time.Now().Add(time.Duration(len(bodies)/50+60) * time.Second)
+	for rec.count() < len(bodies) {
+		if time.Now().After(deadline) {
+			stop()
+			return r, fmt.Errorf("%s: %d of %d handled before the deadline", name, rec.count(), len(bodies))
+		}
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		peak = max(peak, ms.HeapInuse)
+		time.Sleep(50 * time.Millisecond)
+	}
+	elapsed, cpu := time.Since(start), cpuTime()-cpu0
+	stop()
+	r.msgs = len(bodies)
+	r.rate = float64(len(bodies)) / elapsed.Seconds()
+	r.cpuPer1k = cpu.Seconds() / float64(len(bodies)) * 1000
+	r.peakHeapMiB = float64(peak) / (1 << 20)
+	r.p50, r.p99, r.p999 = percentiles(rec.durs)
+	var paid int
+	b.db.GetContext(ctx, &paid, "SELECT COUNT(*) FROM t_order WHERE status = 'PAID'")
+	if paid != n {
+		return r, fmt.Errorf("%s: %d of %d orders paid", name, paid, n)
+	}
+	return r, nil
+}
+
+func percentiles(ds []time.Duration) (p50, p99, p999 time.Duration) {
+	if len(ds) == 0 {
+		return
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	at := func(q float64) time.Duration { return ds[min(len(ds)-1, int(q*float64(len(ds))))] }
+	return at(.50), at(.99), at(.999)
+}
+
+// openLoop publishes at a fixed rate for d and measures each payment from
+// publish to commit (t_order.pay_time), the latency a producer sees.
+func openLoop(ctx context.Context, o *options, rate float64, d time.Duration) (p50, p99, p999 time.Duration, err error) {
+	b, err := newBed(ctx, o, "open")
+	if err != nil {
+		return
+	}
+	defer b.close()
+	n := int(rate * d.Seconds())
+	pays, err := b.seed(ctx, n, o.users, 0, 0)
+	if err != nil {
+		return
+	}
+	rec := &recorder{LevelEnabler: zapcore.InfoLevel}
+	stop, err := startConsumer(ctx, b, o, o.defaults, rec)
+	if err != nil {
+		return
+	}
+	defer stop()
+	conn, err := amqp.Dial(b.amqpURL)
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	if err = ch.Confirm(false); err != nil {
+		return
+	}
+	sent := make([]time.Time, n)
+	interval := time.Duration(float64(time.Second) / rate)
+	start := time.Now()
+	for i, p := range pays {
+		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+			time.Sleep(wait)
+		}
+		sent[i] = time.Now()
+		if _, err = ch.PublishWithDeferredConfirm("", listener.MainQueue, false, false,
+			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: p.body()}); err != nil {
+			return
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for rec.count() < n && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	var rows []struct {
+		OrderNo string    `db:"order_no"`
+		PayTime time.Time `db:"pay_time"`
+	}
+	if err = b.db.SelectContext(ctx, &rows, "SELECT order_no, pay_time FROM t_order WHERE status = 'PAID'"); err != nil {
+		return
+	}
+	if len(rows) != n {
+		err = fmt.Errorf("open loop: %d of %d paid", len(rows), n)
+		return
+	}
+	idx := map[string]int{}
+	for i, p := range pays {
+		idx[p.orderNo] = i
+	}
+	lat := make([]time.Duration, 0, n)
+	for _, r := range rows {
+		lat = append(lat, max(r.PayTime.Sub(sent[idx[r.OrderNo]]), 0))
+	}
+	p50, p99, p999 = percentiles(lat)
+	return
+}
