@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: build services test-tools test lint demo chaos soak clean
+.PHONY: build services test-tools test lint demo chaos soak bench clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/paysvc ./cmd/paysvc
@@ -44,3 +44,10 @@ soak: services
 
 clean:
 	rm -rf bin tmp
+
+# Throughput and latency against the real servers, with the ceilings measured
+# in the same run (a benchmark, not a test). Figures in README.
+bench: services
+	$(GO) build -o bin/paybench ./cmd/paybench
+	bin/paybench $(BENCHFLAGS)
+	$(GO) test -run XXX -bench . -benchmem ./internal/listener/ ./internal/money/

@@ -36,6 +36,7 @@ type options struct {
 	n, users, hotUsers           int
 	dup                          float64
 	defaults                     consumerConfig
+	cpuProfile                   string
 }
 
 func env(k, def string) string {
@@ -50,13 +51,17 @@ func main() {
 		mysqlDSN:  env("PAYSVC_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/"),
 		amqpURL:   env("PAYSVC_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		redisAddr: env("PAYSVC_TEST_REDIS_ADDR", "127.0.0.1:6379"),
-		defaults:  consumerConfig{workers: 32, prefetch: 64, maxOpen: 32}, // config.yaml's defaults
+		defaults:  consumerConfig{workers: 16, prefetch: 32, maxOpen: 20}, // config.yaml's defaults
 	}
 	flag.IntVar(&o.n, "n", 20000, "payments per paysvc run")
 	flag.IntVar(&o.users, "users", 1000, "accounts")
 	flag.IntVar(&o.hotUsers, "hot-users", 10, "accounts in the hot-account run")
 	flag.Float64Var(&o.dup, "dup", 0.1, "share of payments published twice")
 	only := flag.String("only", "", "comma-separated phases: ceilings,default,article,hot,open")
+	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the default run here")
+	flag.IntVar(&o.defaults.workers, "workers", o.defaults.workers, "amqp.workers of the default run")
+	flag.IntVar(&o.defaults.prefetch, "prefetch", o.defaults.prefetch, "amqp.prefetch of the default run")
+	flag.IntVar(&o.defaults.maxOpen, "conns", o.defaults.maxOpen, "mysql.maxOpenConns of the default run")
 	flag.Parse()
 	mysql.SetLogger(log.New(io.Discard, "", 0))
 	ctx := context.Background()
@@ -102,7 +107,8 @@ func main() {
 			fail(err)
 		}
 		peak = r.rate
-		row(fmt.Sprintf("paysvc default (32 workers, prefetch 64), %d msgs, %.0f%% dup", r.msgs, o.dup*100), r.rate,
+		row(fmt.Sprintf("paysvc default (%d workers, prefetch %d, %d conns), %d msgs, %.0f%% dup",
+			o.defaults.workers, o.defaults.prefetch, o.defaults.maxOpen, r.msgs, o.dup*100), r.rate,
 			describe(r)+fraction(r.rate, ceiling))
 	}
 	if want("article") {

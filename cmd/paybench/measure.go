@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -245,6 +247,14 @@ func drain(ctx context.Context, o *options, name string, cc consumerConfig, n in
 	}
 	runtime.GC()
 	rec := &recorder{LevelEnabler: zapcore.InfoLevel}
+	if o.cpuProfile != "" && name == "default" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return r, err
+		}
+		pprof.StartCPUProfile(f)
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	cpu0, start := cpuTime(), time.Now()
 	stop, err := startConsumer(ctx, b, o, cc, rec)
 	if err != nil {

@@ -62,11 +62,11 @@ var defaults = []struct {
 	val any
 }{
 	{"amqp.url", "amqp://127.0.0.1:5672/"},
-	{"amqp.prefetch", 64},
-	{"amqp.workers", 32},
+	{"amqp.prefetch", 32},
+	{"amqp.workers", 16},
 	{"amqp.drainTimeout", "30s"},
 	{"mysql.dsn", "root@tcp(127.0.0.1:3306)/paysvc"},
-	{"mysql.maxOpenConns", 32},
+	{"mysql.maxOpenConns", 20},
 	{"redis.addr", "127.0.0.1:6379"},
 	{"redis.password", ""},
 	{"redis.db", 0},

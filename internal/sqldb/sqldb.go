@@ -31,6 +31,11 @@ func Open(ctx context.Context, dsn string, maxOpen int) (*sqlx.DB, error) {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
 	cfg.ParseTime = true
+	if !strings.Contains(dsn, "interpolateParams=false") {
+		// One round trip per statement instead of prepare, execute and
+		// close; safe with utf8mb4 (the driver refuses unsafe charsets).
+		cfg.InterpolateParams = true
+	}
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}
 	}
