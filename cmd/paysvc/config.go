@@ -31,6 +31,7 @@ type Config struct {
 	}
 	Redis struct {
 		Addr     string
+		Username string
 		Password string
 		DB       int
 	}
@@ -68,6 +69,7 @@ var defaults = []struct {
 	{"mysql.dsn", "root@tcp(127.0.0.1:3306)/paysvc"},
 	{"mysql.maxOpenConns", 20},
 	{"redis.addr", "127.0.0.1:6379"},
+	{"redis.username", ""},
 	{"redis.password", ""},
 	{"redis.db", 0},
 	{"idempotent.keyPrefix", "mq:consumed:pay_success:"},
@@ -152,6 +154,7 @@ func loadConfig(path string, mustExist bool, env map[string]string) (*Config, er
 	c.MySQL.DSN = d.str("mysql.dsn")
 	c.MySQL.MaxOpenConns = d.int("mysql.maxOpenConns")
 	c.Redis.Addr = d.str("redis.addr")
+	c.Redis.Username = d.str("redis.username")
 	c.Redis.Password = d.str("redis.password")
 	c.Redis.DB = d.int("redis.db")
 	c.Idempotent.KeyPrefix = d.str("idempotent.keyPrefix")
@@ -388,7 +391,7 @@ func (c *Config) redacted() map[string]any {
 		"amqp.url": amqpURL, "amqp.prefetch": c.AMQP.Prefetch, "amqp.workers": c.AMQP.Workers,
 		"amqp.drainTimeout": c.AMQP.DrainTimeout.String(),
 		"mysql.dsn":         dsn, "mysql.maxOpenConns": c.MySQL.MaxOpenConns,
-		"redis.addr": c.Redis.Addr, "redis.password": redisPassword, "redis.db": c.Redis.DB,
+		"redis.addr": c.Redis.Addr, "redis.username": c.Redis.Username, "redis.password": redisPassword, "redis.db": c.Redis.DB,
 		"idempotent.keyPrefix": c.Idempotent.KeyPrefix, "idempotent.ttl": c.Idempotent.TTL.String(),
 		"idempotent.lease": c.Idempotent.Lease.String(), "idempotent.redisFallback": c.Idempotent.RedisFallback,
 		"retry.delays": delays, "retry.maxAttempts": c.Retry.MaxAttempts,

@@ -42,6 +42,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{
 		Addrs:        []string{cfg.Redis.Addr},
+		Username:     cfg.Redis.Username,
 		Password:     cfg.Redis.Password,
 		DB:           cfg.Redis.DB,
 		DialTimeout:  2 * time.Second,

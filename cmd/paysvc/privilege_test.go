@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/sqldb"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+// paysvc runs with the users scripts/least-privilege.sh makes, and those
+// users cannot do what they must not: delete or rewrite money rows, touch
+// other queues, or write other Redis keys.
+func TestLeastPrivilegeUsers(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	id := testenv.Name(t)[len(testenv.Name(t))-8:]
+	appUser, migUser, rmqUser, redisUser := "pa_"+id, "pm_"+id, "pr_"+id, "pk_"+id
+	const pw = "Pw-0f-test'\"$x"
+	cfg, _ := mysql.ParseDSN(w.dsn)
+	vhost := w.amqpURL[strings.LastIndex(w.amqpURL, "/")+1:]
+	cmd := exec.Command("scripts/least-privilege.sh", "all")
+	cmd.Dir = "../.."
+	cmd.Env = append(os.Environ(), "PAYSVC_DB="+cfg.DBName, "APP_USER="+appUser, "MIGRATE_USER="+migUser,
+		"APP_PASSWORD="+pw, "MIGRATE_PASSWORD="+pw, "RABBITMQ_VHOST="+vhost, "RABBITMQ_USER="+rmqUser,
+		"RABBITMQ_PASSWORD="+pw, "REDIS_USER="+redisUser, "REDIS_PASSWORD="+pw, "REDIS_KEY_PREFIX="+w.prefix)
+	out, err := cmd.CombinedOutput()
+	t.Cleanup(func() {
+		w.db.Exec("DROP USER IF EXISTS '" + appUser + "'@'%', '" + migUser + "'@'%'")
+		exec.Command("rabbitmqctl", "-q", "delete_user", rmqUser).Run()
+		w.rdb.Do(context.Background(), "ACL", "DELUSER", redisUser)
+	})
+	if err != nil {
+		t.Fatalf("least-privilege.sh: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), pw) {
+		t.Fatal("the script printed a password")
+	}
+
+	app := *cfg
+	app.User, app.Passwd = appUser, pw
+	mig := *cfg
+	mig.User, mig.Passwd = migUser, pw
+	amqpURL := strings.Replace(w.amqpURL, "guest:guest@", rmqUser+":"+pw+"@", 1)
+	amqpURL = strings.Replace(amqpURL, pw, urlEscape(pw), 1)
+
+	var migOut strings.Builder
+	if err := run(context.Background(), []string{"migrate"}, []string{"PAYSVC_MYSQL_DSN=" + mig.FormatDSN()}, &migOut); err != nil {
+		t.Fatalf("migrate as %s: %v\n%s", migUser, err, migOut.String())
+	}
+
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (71, 50.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('LP1', 71, 20.00)")
+	var logs lockedBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	env := w.env("PAYSVC_MYSQL_DSN="+app.FormatDSN(), "PAYSVC_AMQP_URL="+amqpURL,
+		"PAYSVC_REDIS_USERNAME="+redisUser, "PAYSVC_REDIS_PASSWORD="+pw)
+	go func() { done <- run(ctx, []string{"run"}, env, &logs) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("daemon output:\n%s", logs.String())
+		}
+	}()
+	testenv.Eventually(t, 20*time.Second, func() bool { return testenv.QueueExists(t, w.amqpURL, listener.MainQueue) },
+		"topology never declared")
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("LP1", 71, "20.00"), []byte("poison"))
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_order WHERE order_no = 'LP1' AND status = 'PAID'") == 1 &&
+			w.count("SELECT COUNT(*) FROM t_dead_letter WHERE error_class = 'bad_message'") == 1 &&
+			w.count("SELECT COUNT(*) FROM t_outbox WHERE status = 'SENT'") == 1
+	}, "the least-privileged daemon did not pay, park and notify")
+	if strings.Contains(logs.String(), pw) {
+		t.Fatal("a password reached the log")
+	}
+
+	// What the users must not do.
+	appDB, err := sqldb.Open(context.Background(), app.FormatDSN(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer appDB.Close()
+	for _, q := range []string{"DELETE FROM t_account_flow", "UPDATE t_account_flow SET amount = 0", "DELETE FROM t_order",
+		"DROP TABLE t_outbox", "DELETE FROM t_dead_letter"} {
+		if _, err := appDB.Exec(q); err == nil || !strings.Contains(err.Error(), "denied") {
+			t.Errorf("as %s, %q: %v; want denied", appUser, q, err)
+		}
+	}
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, _ := conn.Channel()
+	if _, err := ch.QueueDeclare("other.queue", true, false, false, false, nil); err == nil || !strings.Contains(err.Error(), "ACCESS_REFUSED") {
+		t.Errorf("declaring other.queue: %v; want ACCESS_REFUSED", err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(), Username: redisUser, Password: pw})
+	defer rdb.Close()
+	if err := rdb.Set(context.Background(), "other:key", "1", time.Minute).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("SET other:key: %v; want NOPERM", err)
+	}
+	if err := rdb.Set(context.Background(), w.prefix+"x", "1", time.Minute).Err(); err != nil {
+		t.Errorf("SET in its prefix: %v", err)
+	}
+}
+
+func urlEscape(s string) string {
+	r := strings.NewReplacer("%", "%25", "'", "%27", "\"", "%22", "$", "%24", "@", "%40", ":", "%3A", "/", "%2F")
+	return r.Replace(s)
+}

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Least privilege for paysvc: a MySQL user for the daemon that can never
+# delete a row (and never update a flow), a separate migration user, a
+# RabbitMQ user limited to the q.pay.* / ex.pay.* names, and a Redis ACL user
+# limited to the idempotency key prefix.
+#
+#   scripts/least-privilege.sh mysql|rabbitmq|redis|all
+#
+# Passwords come from the environment and are passed on standard input, never
+# as arguments (which other users can read in the process list):
+#   APP_PASSWORD, MIGRATE_PASSWORD (mysql), RABBITMQ_PASSWORD, REDIS_PASSWORD
+# Names, with their defaults:
+#   PAYSVC_DB=paysvc APP_USER=paysvc APP_HOST=% MIGRATE_USER=paysvc_migrate
+#   RABBITMQ_VHOST=/ RABBITMQ_USER=paysvc
+#   REDIS_USER=paysvc REDIS_KEY_PREFIX=mq:consumed:pay_success:
+# Admin access: MYSQL="mariadb -uroot" REDIS_CLI="redis-cli"; rabbitmqctl as root.
+# Run the mysql part after `paysvc migrate` (it grants on existing tables).
+set -euo pipefail
+
+DB=${PAYSVC_DB:-paysvc}
+APP_USER=${APP_USER:-paysvc}
+APP_HOST=${APP_HOST:-%}
+MIGRATE_USER=${MIGRATE_USER:-paysvc_migrate}
+VHOST=${RABBITMQ_VHOST:-/}
+RMQ_USER=${RABBITMQ_USER:-paysvc}
+REDIS_USER=${REDIS_USER:-paysvc}
+PREFIX=${REDIS_KEY_PREFIX:-mq:consumed:pay_success:}
+MYSQL=${MYSQL:-mariadb -uroot}
+REDIS_CLI=${REDIS_CLI:-redis-cli}
+
+need() { [ -n "${!1:-}" ] || { echo "least-privilege: set $1" >&2; exit 2; }; }
+sql_quote() { printf "'%s'" "$(printf '%s' "$1" | sed "s/\\\\/\\\\\\\\/g; s/'/''/g")"; }
+
+mysql_part() {
+	need APP_PASSWORD
+	need MIGRATE_PASSWORD
+	local app mig
+	app="$(sql_quote "$APP_USER")@$(sql_quote "$APP_HOST")"
+	mig="$(sql_quote "$MIGRATE_USER")@$(sql_quote "$APP_HOST")"
+	$MYSQL <<SQL
+CREATE USER IF NOT EXISTS $app IDENTIFIED BY $(sql_quote "$APP_PASSWORD");
+ALTER USER $app IDENTIFIED BY $(sql_quote "$APP_PASSWORD");
+CREATE USER IF NOT EXISTS $mig IDENTIFIED BY $(sql_quote "$MIGRATE_PASSWORD");
+ALTER USER $mig IDENTIFIED BY $(sql_quote "$MIGRATE_PASSWORD");
+GRANT ALL PRIVILEGES ON \`$DB\`.* TO $mig;
+-- The daemon: no DELETE anywhere; flows and events are insert-only.
+GRANT SELECT, INSERT, UPDATE ON \`$DB\`.t_order TO $app;
+GRANT SELECT, INSERT, UPDATE ON \`$DB\`.t_account TO $app;
+GRANT SELECT, INSERT ON \`$DB\`.t_account_flow TO $app;
+GRANT SELECT, INSERT, UPDATE ON \`$DB\`.t_outbox TO $app;
+GRANT SELECT, INSERT, UPDATE ON \`$DB\`.t_dead_letter TO $app;
+GRANT SELECT, INSERT ON \`$DB\`.t_dead_letter_event TO $app;
+GRANT SELECT, INSERT ON \`$DB\`.t_payment_event TO $app;
+GRANT SELECT ON \`$DB\`.t_account_opening TO $app;
+GRANT SELECT ON \`$DB\`.schema_migrations TO $app;
+SQL
+	echo "mysql: $APP_USER (daemon, no DELETE) and $MIGRATE_USER (migrations) on $DB"
+}
+
+rabbitmq_part() {
+	need RABBITMQ_PASSWORD
+	local ctl=(rabbitmqctl -q)
+	[ "$(id -u)" -eq 0 ] || ctl=(sudo -n rabbitmqctl -q)
+	if "${ctl[@]}" list_users | awk '{print $1}' | grep -qx "$RMQ_USER"; then
+		printf '%s' "$RABBITMQ_PASSWORD" | "${ctl[@]}" change_password "$RMQ_USER" >/dev/null
+	else
+		printf '%s' "$RABBITMQ_PASSWORD" | "${ctl[@]}" add_user "$RMQ_USER" >/dev/null
+	fi
+	# configure: declare its own names; write: publish to them and to the
+	# default exchange (replays); read: consume its queues, bind from ex.pay.*
+	"${ctl[@]}" set_permissions -p "$VHOST" "$RMQ_USER" \
+		'^(q|ex)\.pay\..*$' '^((q|ex)\.pay\..*|amq\.default)$' '^(q|ex)\.pay\..*$' >/dev/null
+	echo "rabbitmq: $RMQ_USER limited to q.pay.* and ex.pay.* in vhost $VHOST"
+}
+
+redis_part() {
+	need REDIS_PASSWORD
+	# Through stdin: the password never appears in a process list. redis-cli
+	# reads the line with its own quoting: escape backslashes and quotes.
+	local pw=${REDIS_PASSWORD//\\/\\\\}
+	pw=${pw//\"/\\\"}
+	printf 'ACL SETUSER %s reset on ">%s" "~%s*" resetchannels -@all +@connection +ping +get +set +del +pttl +eval +evalsha\n' \
+		"$REDIS_USER" "$pw" "$PREFIX" | $REDIS_CLI | { read -r reply; [ "$reply" = "OK" ] || { echo "redis: ACL SETUSER failed: $reply" >&2; exit 1; }; }
+	echo "redis: $REDIS_USER limited to keys ${PREFIX}*"
+}
+
+case "${1:-}" in
+mysql) mysql_part ;;
+rabbitmq) rabbitmq_part ;;
+redis) redis_part ;;
+all) mysql_part; rabbitmq_part; redis_part ;;
+*) echo "usage: $0 mysql|rabbitmq|redis|all" >&2; exit 2 ;;
+esac
