@@ -1,0 +1,271 @@
+// Package deploy holds the container and orchestration files; its tests
+// parse and check them (no Docker engine or cluster runs here) and build the
+// binary the way the Dockerfile does.
+package deploy
+
+import (
+	"bytes"
+	"debug/elf"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+func docs(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := yaml.NewDecoder(f)
+	var out []map[string]any
+	for {
+		var d map[string]any
+		err := dec.Decode(&d)
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if d != nil {
+			out = append(out, d)
+		}
+	}
+}
+
+// get walks a decoded YAML tree: get(doc, "spec", "template", 0, "name").
+func get(v any, path ...any) any {
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, ok := v.(map[string]any)
+			if !ok {
+				return nil
+			}
+			v = m[k]
+		case int:
+			s, ok := v.([]any)
+			if !ok || k >= len(s) {
+				return nil
+			}
+			v = s[k]
+		}
+	}
+	return v
+}
+
+// knownEnv lists PAYSVC_<SECTION>_<KEY> (and _FILE) for every key of the
+// repository's config.yaml.
+func knownEnv(t *testing.T) map[string]bool {
+	t.Helper()
+	var cfg map[string]map[string]any
+	b, err := os.ReadFile("../config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	for section, keys := range cfg {
+		for key := range keys {
+			name := "PAYSVC_" + strings.ToUpper(section+"_"+key)
+			known[name], known[name+"_FILE"] = true, true
+		}
+	}
+	return known
+}
+
+func drainTimeout(t *testing.T) time.Duration {
+	var cfg struct {
+		AMQP struct {
+			DrainTimeout string `yaml:"drainTimeout"`
+		} `yaml:"amqp"`
+	}
+	b, _ := os.ReadFile("../config.yaml")
+	yaml.Unmarshal(b, &cfg)
+	d, err := time.ParseDuration(cfg.AMQP.DrainTimeout)
+	if err != nil {
+		t.Fatalf("config.yaml amqp.drainTimeout: %v", err)
+	}
+	return d
+}
+
+func TestKubernetesManifests(t *testing.T) {
+	known := knownEnv(t)
+	kinds := map[string]map[string]any{}
+	files, _ := filepath.Glob("k8s/*.yaml")
+	for _, f := range files {
+		for _, d := range docs(t, f) {
+			if d["apiVersion"] == nil || d["kind"] == nil || (d["kind"] != "Kustomization" && get(d, "metadata", "name") == nil) {
+				t.Errorf("%s: a document without apiVersion, kind or metadata.name", f)
+			}
+			if k, _ := d["kind"].(string); k != "Kustomization" {
+				kinds[k] = d
+			}
+		}
+	}
+	for _, k := range []string{"Deployment", "ConfigMap", "PodDisruptionBudget", "Job", "Service", "Secret"} {
+		if kinds[k] == nil {
+			t.Errorf("no %s manifest", k)
+		}
+	}
+	dep := kinds["Deployment"]
+	pod := get(dep, "spec", "template", "spec")
+	c := get(pod, "containers", 0)
+	grace, _ := get(pod, "terminationGracePeriodSeconds").(int)
+	preStop, _ := get(c, "lifecycle", "preStop", "sleep", "seconds").(int)
+	if time.Duration(grace)*time.Second <= drainTimeout(t)+time.Duration(preStop)*time.Second || preStop == 0 {
+		t.Errorf("terminationGracePeriodSeconds %d must exceed preStop %ds + drain timeout %s", grace, preStop, drainTimeout(t))
+	}
+	for probe, path := range map[string]string{"livenessProbe": "/healthz", "readinessProbe": "/readyz"} {
+		if get(c, probe, "httpGet", "path") != path || get(c, probe, "httpGet", "port") != "admin" {
+			t.Errorf("%s: want GET %s on the admin port, got %v", probe, path, get(c, probe))
+		}
+	}
+	if get(c, "ports", 0, "containerPort") != 8080 || get(c, "ports", 0, "name") != "admin" {
+		t.Errorf("admin port: %v", get(c, "ports"))
+	}
+	for _, r := range []string{"cpu", "memory"} {
+		if get(c, "resources", "limits", r) == nil || get(c, "resources", "requests", r) == nil {
+			t.Errorf("resources: no %s request or limit", r)
+		}
+	}
+	if get(c, "securityContext", "readOnlyRootFilesystem") != true || get(c, "securityContext", "allowPrivilegeEscalation") != false ||
+		get(c, "securityContext", "capabilities", "drop", 0) != "ALL" || get(pod, "securityContext", "runAsNonRoot") != true {
+		t.Errorf("container security: %v / pod %v", get(c, "securityContext"), get(pod, "securityContext"))
+	}
+	envs, _ := get(c, "env").([]any)
+	for _, e := range envs {
+		name, _ := get(e, "name").(string)
+		if strings.HasPrefix(name, "PAYSVC_") && !known[name] {
+			t.Errorf("deployment sets %s, which paysvc does not know (it would refuse to start)", name)
+		}
+		if v, _ := get(e, "value").(string); inlineSecret.MatchString(v) {
+			t.Errorf("deployment env %s holds what looks like a secret: use the Secret", name)
+		}
+	}
+	cm, _ := get(kinds["ConfigMap"], "data", "config.yaml").(string)
+	repo, _ := os.ReadFile("../config.yaml")
+	if strings.TrimSpace(cm) != strings.TrimSpace(string(repo)) {
+		t.Error("k8s/configmap.yaml's config.yaml differs from the repository's config.yaml")
+	}
+	if get(kinds["PodDisruptionBudget"], "spec", "maxUnavailable") != 1 {
+		t.Error("the PodDisruptionBudget should allow one replica down at a time")
+	}
+	if args := get(kinds["Job"], "spec", "template", "spec", "containers", 0, "args", 0); args != "migrate" {
+		t.Errorf("the Job runs %v, want migrate", args)
+	}
+	for k, v := range get(kinds["Secret"], "stringData").(map[string]any) {
+		if !strings.Contains(v.(string), "CHANGE-ME") {
+			t.Errorf("secret.example.yaml %s holds a real-looking value", k)
+		}
+	}
+	kust := docs(t, "k8s/kustomization.yaml")[0]
+	for _, r := range get(kust, "resources").([]any) {
+		if _, err := os.Stat(filepath.Join("k8s", r.(string))); err != nil {
+			t.Errorf("kustomization lists %s: %v", r, err)
+		}
+	}
+}
+
+func TestCompose(t *testing.T) {
+	known := knownEnv(t)
+	d := docs(t, "compose.yaml")[0]
+	services, _ := d["services"].(map[string]any)
+	for _, s := range []string{"mysql", "redis", "rabbitmq", "migrate", "paysvc-1", "paysvc-2"} {
+		if services[s] == nil {
+			t.Errorf("no service %s", s)
+		}
+	}
+	for _, s := range []string{"mysql", "redis", "rabbitmq"} {
+		if get(services[s], "healthcheck", "test") == nil {
+			t.Errorf("%s has no healthcheck", s)
+		}
+	}
+	for _, s := range []string{"paysvc-1", "paysvc-2"} {
+		for dep, cond := range map[string]string{"mysql": "service_healthy", "redis": "service_healthy",
+			"rabbitmq": "service_healthy", "migrate": "service_completed_successfully"} {
+			if get(services[s], "depends_on", dep, "condition") != cond {
+				t.Errorf("%s: depends_on %s should wait for %s", s, dep, cond)
+			}
+		}
+		env, _ := get(services[s], "environment").(map[string]any)
+		for name := range env {
+			if strings.HasPrefix(name, "PAYSVC_") && !known[name] {
+				t.Errorf("%s sets %s, which paysvc does not know", s, name)
+			}
+		}
+		if get(services[s], "read_only") != true || get(services[s], "cap_drop", 0) != "ALL" {
+			t.Errorf("%s: want read_only and cap_drop ALL", s)
+		}
+	}
+	raw, _ := os.ReadFile("compose.yaml")
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue
+		}
+		key := regexp.MustCompile(`^\s*[A-Za-z_]*(PASSWORD|PASS|password)\s*:\s*(\S+)`).FindStringSubmatch(line)
+		if key != nil && !strings.HasPrefix(key[2], "${") || inlineSecret.MatchString(line) {
+			t.Errorf("compose.yaml holds a literal password: %s", strings.TrimSpace(line))
+		}
+	}
+}
+
+// inlineSecret matches credentials written into a URL or DSN, unless they are
+// an interpolation (${...}).
+var inlineSecret = regexp.MustCompile(`[a-z]+://[^:/\s]+:[^@${\s]+@|^[^:\s]+:[^@${\s]+@tcp\(`)
+
+// The Dockerfile builds a static, version-stamped binary as a non-root user
+// and keeps secrets out of ARG and ENV; the same build runs here.
+func TestDockerfileBuildsTheSameBinary(t *testing.T) {
+	b, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(b)
+	if strings.Count(df, "\nFROM ") < 2 {
+		t.Error("want a multi-stage build")
+	}
+	if !regexp.MustCompile(`\nUSER nonroot`).MatchString(df) {
+		t.Error("the runtime stage must run as nonroot")
+	}
+	for _, m := range regexp.MustCompile(`(?m)^(ARG|ENV)\s+(\S+)`).FindAllStringSubmatch(df, -1) {
+		if regexp.MustCompile(`(?i)pass|secret|token|dsn|key`).MatchString(m[2]) {
+			t.Errorf("Dockerfile %s %s: no secrets in ARG or ENV", m[1], m[2])
+		}
+	}
+	build := regexp.MustCompile(`CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=\$\{VERSION\}"`)
+	if !build.MatchString(strings.ReplaceAll(df, "\\\n", " ")) && !build.MatchString(regexp.MustCompile(`\\\n\s*`).ReplaceAllString(df, "")) {
+		t.Fatal("the Dockerfile's go build line changed: update this test to build the same way")
+	}
+	out := filepath.Join(t.TempDir(), "paysvc")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X main.version=v9.9.9-test", "-o", out, "./cmd/paysvc")
+	cmd.Dir, cmd.Env = "..", append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, b)
+	}
+	v, err := exec.Command(out, "version").Output()
+	if err != nil || !bytes.Contains(v, []byte("paysvc v9.9.9-test")) {
+		t.Fatalf("version: %q, %v", v, err)
+	}
+	f, err := elf.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Fatal("the binary is dynamically linked: it would not run on distroless/static")
+		}
+	}
+}
