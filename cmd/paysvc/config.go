@@ -20,10 +20,12 @@ import (
 // file that holds the value), over the defaults below.
 type Config struct {
 	AMQP struct {
-		URL          string
-		Prefetch     int
-		Workers      int
-		DrainTimeout time.Duration
+		URL           string
+		Prefetch      int
+		Workers       int
+		DrainTimeout  time.Duration
+		QueueType     string
+		DeliveryLimit int
 	}
 	MySQL struct {
 		DSN          string
@@ -66,6 +68,8 @@ var defaults = []struct {
 	{"amqp.prefetch", 32},
 	{"amqp.workers", 16},
 	{"amqp.drainTimeout", "30s"},
+	{"amqp.queueType", "classic"},
+	{"amqp.deliveryLimit", 20},
 	{"mysql.dsn", "root@tcp(127.0.0.1:3306)/paysvc"},
 	{"mysql.maxOpenConns", 20},
 	{"redis.addr", "127.0.0.1:6379"},
@@ -151,6 +155,8 @@ func loadConfig(path string, mustExist bool, env map[string]string) (*Config, er
 	c.AMQP.Prefetch = d.int("amqp.prefetch")
 	c.AMQP.Workers = d.int("amqp.workers")
 	c.AMQP.DrainTimeout = d.duration("amqp.drainTimeout")
+	c.AMQP.QueueType = strings.ToLower(d.str("amqp.queueType"))
+	c.AMQP.DeliveryLimit = d.int("amqp.deliveryLimit")
 	c.MySQL.DSN = d.str("mysql.dsn")
 	c.MySQL.MaxOpenConns = d.int("mysql.maxOpenConns")
 	c.Redis.Addr = d.str("redis.addr")
@@ -199,6 +205,12 @@ func (c *Config) validate() []error {
 	}
 	if c.AMQP.DrainTimeout <= 0 {
 		bad("amqp.drainTimeout", "want a positive duration")
+	}
+	if c.AMQP.QueueType != "classic" && c.AMQP.QueueType != "quorum" {
+		bad("amqp.queueType", "want classic or quorum, got %q", c.AMQP.QueueType)
+	}
+	if c.AMQP.DeliveryLimit < 1 {
+		bad("amqp.deliveryLimit", "want at least 1, got %d", c.AMQP.DeliveryLimit)
 	}
 	if _, err := mysql.ParseDSN(c.MySQL.DSN); err != nil {
 		bad("mysql.dsn", "%v", err)
@@ -389,8 +401,9 @@ func (c *Config) redacted() map[string]any {
 	}
 	return map[string]any{
 		"amqp.url": amqpURL, "amqp.prefetch": c.AMQP.Prefetch, "amqp.workers": c.AMQP.Workers,
-		"amqp.drainTimeout": c.AMQP.DrainTimeout.String(),
-		"mysql.dsn":         dsn, "mysql.maxOpenConns": c.MySQL.MaxOpenConns,
+		"amqp.drainTimeout": c.AMQP.DrainTimeout.String(), "amqp.queueType": c.AMQP.QueueType,
+		"amqp.deliveryLimit": c.AMQP.DeliveryLimit,
+		"mysql.dsn":          dsn, "mysql.maxOpenConns": c.MySQL.MaxOpenConns,
 		"redis.addr": c.Redis.Addr, "redis.username": c.Redis.Username, "redis.password": redisPassword, "redis.db": c.Redis.DB,
 		"idempotent.keyPrefix": c.Idempotent.KeyPrefix, "idempotent.ttl": c.Idempotent.TTL.String(),
 		"idempotent.lease": c.Idempotent.Lease.String(), "idempotent.redisFallback": c.Idempotent.RedisFallback,

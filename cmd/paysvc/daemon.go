@@ -68,6 +68,8 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		Prefetch:       cfg.AMQP.Prefetch,
 		Workers:        cfg.AMQP.Workers,
 		Retry:          listener.RetryPolicy{Delays: cfg.Retry.Delays, MaxAttempts: cfg.Retry.MaxAttempts},
+		MainQueueType:  cfg.AMQP.QueueType,
+		DeliveryLimit:  cfg.AMQP.DeliveryLimit,
 		RedisFallback:  listener.Fallback(cfg.Idempotent.RedisFallback),
 		HandleTimeout:  cfg.Idempotent.Lease / 2,
 		DrainTimeout:   cfg.AMQP.DrainTimeout,

@@ -39,6 +39,8 @@ type Config struct {
 	Prefetch       int           // unacked messages the broker may send ahead
 	Workers        int           // goroutines handling deliveries
 	Retry          RetryPolicy   // wait queues and the attempt budget
+	MainQueueType  string        // classic or quorum
+	DeliveryLimit  int           // quorum main queue: deliveries before the terminal queue
 	RedisFallback  Fallback      // CLOSED or OPEN
 	HandleTimeout  time.Duration // bound on one message's handling
 	DrainTimeout   time.Duration // bound on finishing in-flight messages at shutdown
@@ -209,7 +211,8 @@ func (c *Consumer) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("amqp channel: %w", err)
 	}
-	if err := Declare(setup, c.cfg.Retry.Delays); err != nil {
+	if err := DeclareTopology(setup, Topology{Delays: c.cfg.Retry.Delays,
+		MainQueueType: c.cfg.MainQueueType, DeliveryLimit: c.cfg.DeliveryLimit}); err != nil {
 		if refused(err) {
 			return &fatalError{err}
 		}

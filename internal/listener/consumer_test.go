@@ -514,3 +514,47 @@ func TestRedisKeyLostDatabaseStillRefuses(t *testing.T) {
 		t.Fatalf("DUPLICATE counter %v, want 1", n)
 	}
 }
+
+// amqp.queueType=quorum: the consumer works on a quorum main queue, and a
+// message delivered more than the delivery limit goes to the terminal queue
+// instead of going round for ever (a message that crashes every consumer).
+func TestQuorumMainQueue(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ch := e.channel()
+	if err := listener.DeclareTopology(ch, listener.Topology{Delays: e.delays, MainQueueType: "quorum", DeliveryLimit: 2}); err != nil {
+		t.Fatal(err)
+	}
+	e.publish([]byte("crashes every consumer"))
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume(listener.MainQueue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliveries := 0
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		select {
+		case d := <-ds:
+			deliveries++
+			d.Nack(false, true) // as a consumer that dies holding it
+		default:
+		}
+		return e.depth(listener.TerminalQueue) == 1
+	}, "the delivery limit did not dead-letter the message")
+	ch.Close()
+	got := e.getAll(listener.TerminalQueue)
+	if len(got) != 1 || !strings.Contains(fmt.Sprint(got[0].Headers["x-death"]), "delivery_limit") || deliveries < 2 {
+		t.Fatalf("%d deliveries; terminal %v", deliveries, got)
+	}
+
+	e.seedAccount(15, "10.00")
+	e.seedOrder("QQ1", 15, "1.00")
+	e.publish(body("QQ1", 15, "1.00"), body("QQ1", 15, "1.00"))
+	e.start(e.redisAddr, e.dsn, func(c *listener.Config) { c.MainQueueType, c.DeliveryLimit = "quorum", 2 })
+	e.waitResults(15*time.Second, func(r map[string]int) bool { return r["FIRST"] == 1 && r["DUPLICATE"] == 1 }, "not applied once")
+	if e.flows("QQ1") != 1 {
+		t.Fatal("charged other than once")
+	}
+}

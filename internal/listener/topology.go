@@ -40,12 +40,30 @@ func FormatDelay(d time.Duration) string {
 // already exists matches: RabbitMQ refuses a redeclaration with other
 // arguments, which is reported naming the object and what to do.
 //
-//	q.pay.success          classic, dead-letters to ex.pay.dlx → q.pay.dlx.terminal
+//	q.pay.success          classic (or quorum with a delivery limit), dead-letters
+//	                       to ex.pay.dlx → q.pay.dlx.terminal
 //	ex.pay.dlx (direct)    → q.pay.dlx.wait.<delay>..., q.pay.dlx.terminal
 //	q.pay.dlx.wait.<delay> quorum, TTL <delay>, at-least-once dead-lettering
 //	                       through ex.pay.retry → q.pay.success
 //	q.pay.dlx.terminal     quorum
 func Declare(ch *amqp.Channel, delays []time.Duration) error {
+	return DeclareTopology(ch, Topology{Delays: delays})
+}
+
+// Topology is what Declare needs to know.
+type Topology struct {
+	Delays []time.Duration
+	// MainQueueType is "classic" (default) or "quorum". A quorum main queue
+	// replicates across a cluster and dead-letters a message delivered more
+	// than DeliveryLimit times to the terminal queue, at least once: a
+	// message that crashes every consumer stops going round.
+	MainQueueType string
+	DeliveryLimit int
+}
+
+// DeclareTopology declares the topology; see Declare.
+func DeclareTopology(ch *amqp.Channel, t Topology) error {
+	delays := t.Delays
 	exchanges := []string{DLXExchange, RetryExchange}
 	for _, ex := range exchanges {
 		if err := ch.ExchangeDeclare(ex, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
@@ -56,13 +74,17 @@ func Declare(ch *amqp.Channel, delays []time.Duration) error {
 		name, exchange string
 		args           amqp.Table
 	}
-	queues := []queue{{
-		name: MainQueue, exchange: RetryExchange,
-		args: amqp.Table{
-			"x-dead-letter-exchange":    DLXExchange,
-			"x-dead-letter-routing-key": TerminalQueue,
-		},
-	}}
+	mainArgs := amqp.Table{
+		"x-dead-letter-exchange":    DLXExchange,
+		"x-dead-letter-routing-key": TerminalQueue,
+	}
+	if t.MainQueueType == "quorum" {
+		mainArgs["x-queue-type"] = "quorum"
+		mainArgs["x-delivery-limit"] = int64(t.DeliveryLimit)
+		mainArgs["x-dead-letter-strategy"] = "at-least-once"
+		mainArgs["x-overflow"] = "reject-publish"
+	}
+	queues := []queue{{name: MainQueue, exchange: RetryExchange, args: mainArgs}}
 	for _, d := range delays {
 		queues = append(queues, queue{
 			name: WaitQueue(d), exchange: DLXExchange,
