@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -12,7 +13,11 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/viper"
+
+	"github.com/paysvc/paysvc/internal/sqldb"
+	"github.com/paysvc/paysvc/internal/tlsca"
 )
 
 // Config is paysvc's whole configuration: config.yaml, then environment
@@ -26,16 +31,21 @@ type Config struct {
 		DrainTimeout  time.Duration
 		QueueType     string
 		DeliveryLimit int
+		CAFile        string
 	}
 	MySQL struct {
 		DSN          string
 		MaxOpenConns int
+		CAFile       string
 	}
 	Redis struct {
-		Addr     string
-		Username string
-		Password string
-		DB       int
+		Addr       string
+		Username   string
+		Password   string
+		DB         int
+		MasterName string
+		TLS        bool
+		CAFile     string
 	}
 	Idempotent struct {
 		KeyPrefix     string
@@ -70,12 +80,17 @@ var defaults = []struct {
 	{"amqp.drainTimeout", "30s"},
 	{"amqp.queueType", "classic"},
 	{"amqp.deliveryLimit", 20},
+	{"amqp.caFile", ""},
 	{"mysql.dsn", "root@tcp(127.0.0.1:3306)/paysvc"},
 	{"mysql.maxOpenConns", 20},
+	{"mysql.caFile", ""},
 	{"redis.addr", "127.0.0.1:6379"},
 	{"redis.username", ""},
 	{"redis.password", ""},
 	{"redis.db", 0},
+	{"redis.masterName", ""},
+	{"redis.tls", false},
+	{"redis.caFile", ""},
 	{"idempotent.keyPrefix", "mq:consumed:pay_success:"},
 	{"idempotent.ttl", "24h"},
 	{"idempotent.lease", "60s"},
@@ -157,12 +172,17 @@ func loadConfig(path string, mustExist bool, env map[string]string) (*Config, er
 	c.AMQP.DrainTimeout = d.duration("amqp.drainTimeout")
 	c.AMQP.QueueType = strings.ToLower(d.str("amqp.queueType"))
 	c.AMQP.DeliveryLimit = d.int("amqp.deliveryLimit")
+	c.AMQP.CAFile = d.str("amqp.caFile")
 	c.MySQL.DSN = d.str("mysql.dsn")
 	c.MySQL.MaxOpenConns = d.int("mysql.maxOpenConns")
+	c.MySQL.CAFile = d.str("mysql.caFile")
 	c.Redis.Addr = d.str("redis.addr")
 	c.Redis.Username = d.str("redis.username")
 	c.Redis.Password = d.str("redis.password")
 	c.Redis.DB = d.int("redis.db")
+	c.Redis.MasterName = d.str("redis.masterName")
+	c.Redis.TLS = d.bool("redis.tls")
+	c.Redis.CAFile = d.str("redis.caFile")
 	c.Idempotent.KeyPrefix = d.str("idempotent.keyPrefix")
 	c.Idempotent.TTL = d.duration("idempotent.ttl")
 	c.Idempotent.Lease = d.duration("idempotent.lease")
@@ -185,6 +205,18 @@ func loadConfig(path string, mustExist bool, env map[string]string) (*Config, er
 		return nil, fmt.Errorf("invalid configuration:\n%w", errors.Join(errs...))
 	}
 	return &c, nil
+}
+
+// RedisAddrs splits redis.addr: one address, or several for Sentinel
+// (with redis.masterName) or Cluster.
+func (c *Config) RedisAddrs() []string {
+	var out []string
+	for _, a := range strings.Split(c.Redis.Addr, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // validate checks values; each problem names its key.
@@ -218,8 +250,23 @@ func (c *Config) validate() []error {
 	if c.MySQL.MaxOpenConns < 1 {
 		bad("mysql.maxOpenConns", "want at least 1, got %d", c.MySQL.MaxOpenConns)
 	}
-	if _, _, err := net.SplitHostPort(c.Redis.Addr); err != nil {
-		bad("redis.addr", "want host:port: %v", err)
+	if len(c.RedisAddrs()) == 0 {
+		bad("redis.addr", "must not be empty")
+	}
+	for _, a := range c.RedisAddrs() {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			bad("redis.addr", "want host:port, or a comma-separated list (Sentinel, Cluster): %v", err)
+		}
+	}
+	for key, file := range map[string]string{"amqp.caFile": c.AMQP.CAFile, "mysql.caFile": c.MySQL.CAFile, "redis.caFile": c.Redis.CAFile} {
+		if file != "" {
+			if _, err := os.Stat(file); err != nil {
+				bad(key, "%v", err)
+			}
+		}
+	}
+	if c.Redis.CAFile != "" && !c.Redis.TLS {
+		bad("redis.caFile", "set redis.tls: true too")
 	}
 	if c.Redis.DB < 0 {
 		bad("redis.db", "want 0 or more, got %d", c.Redis.DB)
@@ -405,6 +452,8 @@ func (c *Config) redacted() map[string]any {
 		"amqp.deliveryLimit": c.AMQP.DeliveryLimit,
 		"mysql.dsn":          dsn, "mysql.maxOpenConns": c.MySQL.MaxOpenConns,
 		"redis.addr": c.Redis.Addr, "redis.username": c.Redis.Username, "redis.password": redisPassword, "redis.db": c.Redis.DB,
+		"redis.masterName": c.Redis.MasterName, "redis.tls": c.Redis.TLS, "redis.caFile": c.Redis.CAFile,
+		"amqp.caFile": c.AMQP.CAFile, "mysql.caFile": c.MySQL.CAFile,
 		"idempotent.keyPrefix": c.Idempotent.KeyPrefix, "idempotent.ttl": c.Idempotent.TTL.String(),
 		"idempotent.lease": c.Idempotent.Lease.String(), "idempotent.redisFallback": c.Idempotent.RedisFallback,
 		"retry.delays": delays, "retry.maxAttempts": c.Retry.MaxAttempts,
@@ -422,4 +471,55 @@ func secret(s string) string {
 		return ""
 	}
 	return "xxxxx"
+}
+
+// mysqlDSN is mysql.dsn, made to trust mysql.caFile when one is set.
+func (c *Config) mysqlDSN() (string, error) {
+	if c.MySQL.CAFile == "" {
+		return c.MySQL.DSN, nil
+	}
+	t, err := tlsca.Config(c.MySQL.CAFile)
+	if err != nil {
+		return "", fmt.Errorf("mysql.caFile: %w", err)
+	}
+	return sqldb.WithCA(c.MySQL.DSN, c.MySQL.CAFile, t)
+}
+
+// amqpTLS trusts amqp.caFile (nil: the system roots, for amqps:// URLs).
+func (c *Config) amqpTLS() (*tls.Config, error) {
+	if c.AMQP.CAFile == "" {
+		return nil, nil
+	}
+	t, err := tlsca.Config(c.AMQP.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("amqp.caFile: %w", err)
+	}
+	return t, nil
+}
+
+// redisOptions builds the go-redis client options: one address, Sentinel
+// (redis.masterName) or Cluster (several addresses), with TLS if redis.tls.
+func (c *Config) redisOptions(poolSize int) (*redis.UniversalOptions, error) {
+	o := &redis.UniversalOptions{
+		Addrs:        c.RedisAddrs(),
+		MasterName:   c.Redis.MasterName,
+		Username:     c.Redis.Username,
+		Password:     c.Redis.Password,
+		DB:           c.Redis.DB,
+		DialTimeout:  2 * time.Second,
+		ReadTimeout:  time.Second,
+		WriteTimeout: time.Second,
+		PoolSize:     poolSize,
+	}
+	if c.Redis.TLS {
+		t, err := tlsca.Config(c.Redis.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis.caFile: %w", err)
+		}
+		if host, _, err := net.SplitHostPort(o.Addrs[0]); err == nil && len(o.Addrs) == 1 {
+			t.ServerName = host
+		}
+		o.TLSConfig = t
+	}
+	return o, nil
 }

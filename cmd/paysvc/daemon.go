@@ -40,16 +40,15 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	}
 	defer db.Close()
 
-	rdb := redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs:        []string{cfg.Redis.Addr},
-		Username:     cfg.Redis.Username,
-		Password:     cfg.Redis.Password,
-		DB:           cfg.Redis.DB,
-		DialTimeout:  2 * time.Second,
-		ReadTimeout:  time.Second,
-		WriteTimeout: time.Second,
-		PoolSize:     cfg.AMQP.Workers + 4,
-	})
+	ropts, err := cfg.redisOptions(cfg.AMQP.Workers + 4)
+	if err != nil {
+		return err
+	}
+	amqpTLS, err := cfg.amqpTLS()
+	if err != nil {
+		return err
+	}
+	rdb := redis.NewUniversalClient(ropts)
 	defer rdb.Close()
 	guard := idem.New(rdb, idem.Config{
 		KeyPrefix: cfg.Idempotent.KeyPrefix,
@@ -64,6 +63,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	deadLetters := deadletter.NewStore(db)
 	consumer := listener.New(listener.Config{
 		URL:            cfg.AMQP.URL,
+		TLS:            amqpTLS,
 		ConnectionName: name,
 		Prefetch:       cfg.AMQP.Prefetch,
 		Workers:        cfg.AMQP.Workers,
@@ -85,7 +85,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	defer func() { stopHelpers(); wg.Wait() }()
 
 	wake := make(chan struct{}, 1)
-	parker := &listener.Parker{URL: cfg.AMQP.URL, Name: name, Store: deadLetters, Log: log,
+	parker := &listener.Parker{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Store: deadLetters, Log: log,
 		OnParked: func(_ int64, becameNew bool) {
 			if becameNew {
 				select {
@@ -100,9 +100,9 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 			Client: &http.Client{Timeout: 10 * time.Second}, Interval: 30 * time.Second, Wake: wake}
 		wg.Go(func() { alerter.Run(helpers) })
 	}
-	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, Name: name, Interval: 500 * time.Millisecond, Batch: 100, Log: log}
+	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, TLS: amqpTLS, Name: name, Interval: 500 * time.Millisecond, Batch: 100, Log: log}
 	wg.Go(func() { dispatcher.Run(helpers) })
-	monitor := &listener.Monitor{URL: cfg.AMQP.URL, Name: name, Delays: cfg.Retry.Delays, Store: deadLetters,
+	monitor := &listener.Monitor{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Delays: cfg.Retry.Delays, Store: deadLetters,
 		DB: db, Metrics: m, Interval: cfg.Metrics.QueueInterval, Log: log}
 	wg.Go(func() { monitor.Run(helpers) })
 	if cfg.Reconcile.Interval > 0 {
@@ -120,7 +120,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 			io.WriteString(w, "ready\n")
 		})
 		mux.Handle("GET /metrics", m.Handler())
-		pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: name + " admin", Timeout: 10 * time.Second}
+		pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: name + " admin", Timeout: 10 * time.Second, TLS: amqpTLS}
 		defer pub.Close()
 		(&admin.Server{Store: deadLetters, Token: cfg.Admin.Token, Log: log,
 			Replayer: &replay.Replayer{Store: deadLetters, Orders: orders, DB: db, Publish: pub}}).Register(mux)

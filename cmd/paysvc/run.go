@@ -176,10 +176,14 @@ func newLogger(cfg *Config, out io.Writer) (*zap.Logger, error) {
 
 // migrate creates the database if it is missing, then applies migrations.
 func migrate(ctx context.Context, cfg *Config, log *zap.Logger) error {
-	if err := sqldb.CreateDatabase(ctx, cfg.MySQL.DSN); err != nil {
+	dsn, err := cfg.mysqlDSN()
+	if err != nil {
 		return err
 	}
-	db, err := sqldb.Open(ctx, cfg.MySQL.DSN, 2)
+	if err := sqldb.CreateDatabase(ctx, dsn); err != nil {
+		return err
+	}
+	db, err := sqldb.Open(ctx, dsn, 2)
 	if err != nil {
 		return err
 	}
@@ -208,8 +212,12 @@ func openMySQL(ctx context.Context, cfg *Config, log *zap.Logger) (*sqldb.DB, er
 		return nil, err
 	}
 	wait := 200 * time.Millisecond
+	dsn, err := cfg.mysqlDSN()
+	if err != nil {
+		return nil, err
+	}
 	for {
-		db, err := sqldb.Open(ctx, cfg.MySQL.DSN, cfg.MySQL.MaxOpenConns)
+		db, err := sqldb.Open(ctx, dsn, cfg.MySQL.MaxOpenConns)
 		if err == nil {
 			if err := sqldb.CheckSchema(ctx, db, ms); err != nil {
 				db.Close()

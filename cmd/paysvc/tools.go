@@ -63,7 +63,11 @@ func (o *cliOptions) define(name, sub string, fs *flag.FlagSet) {
 
 // runTool runs dlq, reconcile or trace against the configured servers.
 func runTool(ctx context.Context, cmd *command, o *cliOptions, cfg *Config, env map[string]string, out io.Writer) error {
-	db, err := sqldb.Open(ctx, cfg.MySQL.DSN, 4)
+	dsn, err := cfg.mysqlDSN()
+	if err != nil {
+		return err
+	}
+	db, err := sqldb.Open(ctx, dsn, 4)
 	if err != nil {
 		return err
 	}
@@ -139,7 +143,11 @@ func runTool(ctx context.Context, cmd *command, o *cliOptions, cfg *Config, env 
 		if o.rate <= 0 {
 			return errors.New("dlq replay: --rate must be positive")
 		}
-		pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: "paysvc dlq replay", Timeout: 10 * time.Second}
+		amqpTLS, err := cfg.amqpTLS()
+		if err != nil {
+			return err
+		}
+		pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: "paysvc dlq replay", Timeout: 10 * time.Second, TLS: amqpTLS}
 		defer pub.Close()
 		r := &replay.Replayer{Store: store, Orders: order.NewStore(db), DB: db, Publish: pub,
 			Every: time.Duration(float64(time.Second) / o.rate)}

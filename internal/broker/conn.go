@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"sync"
 	"time"
@@ -9,14 +10,17 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Dial connects with paysvc's connection settings.
-func Dial(url, name string) (*amqp.Connection, error) {
+// Dial connects with paysvc's connection settings. tlsCfg (may be nil: the
+// system roots) is used for amqps:// URLs.
+func Dial(url, name string, tlsCfg *tls.Config) (*amqp.Connection, error) {
 	conn, err := amqp.DialConfig(url, amqp.Config{
-		Heartbeat:  10 * time.Second,
-		Locale:     "en_US",
-		Properties: amqp.Table{"connection_name": name},
+		Heartbeat:       10 * time.Second,
+		Locale:          "en_US",
+		Properties:      amqp.Table{"connection_name": name},
+		TLSClientConfig: tlsCfg,
 	})
 	if err != nil {
+		// amqp091's errors never carry the URL, so no password leaks here.
 		return nil, fmt.Errorf("amqp dial: %w", err)
 	}
 	return conn, nil
@@ -29,6 +33,7 @@ type DialingPublisher struct {
 	URL     string
 	Name    string
 	Timeout time.Duration
+	TLS     *tls.Config
 
 	mu   sync.Mutex
 	conn *amqp.Connection
@@ -40,7 +45,7 @@ func (d *DialingPublisher) Publish(ctx context.Context, exchange, key string, ms
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.conn == nil || d.conn.IsClosed() {
-		conn, err := Dial(d.URL, d.Name)
+		conn, err := Dial(d.URL, d.Name, d.TLS)
 		if err != nil {
 			return err
 		}

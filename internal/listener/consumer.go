@@ -2,6 +2,7 @@ package listener
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -35,6 +36,7 @@ const (
 // Config is what the consumer needs to know.
 type Config struct {
 	URL            string        // amqp:// or amqps://, with the vhost
+	TLS            *tls.Config   // for amqps://; nil: the system roots
 	ConnectionName string        // shown in the broker's connection list
 	Prefetch       int           // unacked messages the broker may send ahead
 	Workers        int           // goroutines handling deliveries
@@ -185,16 +187,12 @@ func (c *Consumer) waitDependencies(ctx context.Context, bo *broker.Backoff) err
 // why it ended (nil when ctx was cancelled).
 func (c *Consumer) session(ctx context.Context) error {
 	host, _ := os.Hostname()
-	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
-		Heartbeat:  10 * time.Second,
-		Locale:     "en_US",
-		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName},
-	})
+	conn, err := broker.Dial(c.cfg.URL, c.cfg.ConnectionName, c.cfg.TLS)
 	if err != nil {
 		if errors.Is(err, amqp.ErrCredentials) {
-			return &fatalError{fmt.Errorf("amqp dial: %w", err)}
+			return &fatalError{err}
 		}
-		return fmt.Errorf("amqp dial: %w", err)
+		return err
 	}
 	defer closeWithin(5*time.Second, func() { conn.Close() })
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))

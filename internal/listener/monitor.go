@@ -3,6 +3,7 @@ package listener
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"time"
@@ -11,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
+	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/deadletter"
 	"github.com/paysvc/paysvc/internal/metrics"
 )
@@ -27,6 +29,7 @@ import (
 type Monitor struct {
 	URL      string
 	Name     string
+	TLS      *tls.Config
 	Delays   []time.Duration
 	Store    *deadletter.Store
 	DB       *sqlx.DB
@@ -85,10 +88,9 @@ func (m *Monitor) Poll(ctx context.Context) error {
 	m.Metrics.OutboxPending.Set(float64(outbox))
 
 	if m.conn == nil || m.conn.IsClosed() {
-		conn, err := amqp.DialConfig(m.URL, amqp.Config{Heartbeat: 10 * time.Second,
-			Properties: amqp.Table{"connection_name": m.Name + " monitor"}})
+		conn, err := broker.Dial(m.URL, m.Name+" monitor", m.TLS)
 		if err != nil {
-			return fmt.Errorf("amqp dial: %w", err)
+			return err
 		}
 		m.conn = conn
 	}

@@ -2,6 +2,7 @@ package listener
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -19,6 +20,7 @@ import (
 type Parker struct {
 	URL      string
 	Name     string
+	TLS      *tls.Config // for amqps://; nil: system roots
 	Store    *deadletter.Store
 	Log      *zap.Logger
 	OnParked func(id int64, becameNew bool) // optional: wake the alerter
@@ -45,11 +47,9 @@ func (p *Parker) Run(ctx context.Context) {
 }
 
 func (p *Parker) session(ctx context.Context) error {
-	conn, err := amqp.DialConfig(p.URL, amqp.Config{
-		Heartbeat: 10 * time.Second, Properties: amqp.Table{"connection_name": p.Name + " parker"},
-	})
+	conn, err := broker.Dial(p.URL, p.Name+" parker", p.TLS)
 	if err != nil {
-		return fmt.Errorf("amqp dial: %w", err)
+		return err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()

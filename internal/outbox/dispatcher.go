@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"strconv"
 	"time"
@@ -18,6 +19,7 @@ import (
 type Dispatcher struct {
 	DB       *sqlx.DB
 	URL      string        // amqp URL
+	TLS      *tls.Config   // for amqps://; nil: system roots
 	Name     string        // connection name
 	Interval time.Duration // poll interval when idle
 	Batch    int           // notices per transaction
@@ -55,11 +57,9 @@ func Declare(ch *amqp.Channel) error {
 }
 
 func (d *Dispatcher) session(ctx context.Context) error {
-	conn, err := amqp.DialConfig(d.URL, amqp.Config{
-		Heartbeat: 10 * time.Second, Properties: amqp.Table{"connection_name": d.Name + " outbox"},
-	})
+	conn, err := broker.Dial(d.URL, d.Name+" outbox", d.TLS)
 	if err != nil {
-		return fmt.Errorf("amqp dial: %w", err)
+		return err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()

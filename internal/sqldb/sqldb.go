@@ -4,6 +4,7 @@ package sqldb
 
 import (
 	"context"
+	"crypto/tls"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
@@ -190,4 +191,22 @@ func CreateDatabase(ctx context.Context, dsn string) error {
 		return fmt.Errorf("create database %s: %w", name, err)
 	}
 	return nil
+}
+
+// WithCA registers a TLS configuration trusting caFile with the MySQL driver
+// and returns dsn using it (tls=paysvc-ca). An empty caFile returns dsn as is
+// (the DSN's own tls= option, if any, applies).
+func WithCA(dsn, caFile string, tlsCfg *tls.Config) (string, error) {
+	if caFile == "" {
+		return dsn, nil
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", fmt.Errorf("mysql dsn: %w", err)
+	}
+	if err := mysql.RegisterTLSConfig("paysvc-ca", tlsCfg); err != nil {
+		return "", err
+	}
+	cfg.TLSConfig = "paysvc-ca"
+	return cfg.FormatDSN(), nil
 }
