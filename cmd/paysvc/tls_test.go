@@ -2,16 +2,20 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/testenv"
 	"github.com/paysvc/paysvc/internal/tlsca"
 )
@@ -76,4 +80,141 @@ func TestRedisTLS(t *testing.T) {
 	if err != nil || !strings.Contains(out.String(), "certificate") {
 		t.Fatalf("with the wrong CA: %v; want a wait on a certificate error:\n%s", err, out.String())
 	}
+}
+
+// paysvc reaches MySQL over TLS (mysql.caFile) on a second, TLS-only MariaDB
+// (require_secure_transport) started for the test with a throwaway CA.
+func TestMySQLTLS(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ca := testenv.CA(t)
+	dir := t.TempDir()
+	if out, err := exec.Command("mariadb-install-db", "--no-defaults", "--datadir="+dir+"/data",
+		"--auth-root-authentication-method=normal", "--skip-test-db").CombinedOutput(); err != nil {
+		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
+	}
+	addr := freeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	args := []string{"--no-defaults", "--datadir=" + dir + "/data", "--port=" + port, "--bind-address=127.0.0.1",
+		"--socket=" + dir + "/sock", "--pid-file=" + dir + "/pid", "--skip-log-bin", "--innodb-buffer-pool-size=16M",
+		"--ssl-cert=" + filepath.Join(ca, "server.pem"), "--ssl-key=" + filepath.Join(ca, "server-key.pem"),
+		"--ssl-ca=" + filepath.Join(ca, "ca.pem"), "--require-secure-transport=ON"}
+	if os.Geteuid() == 0 {
+		args = append(args, "--user=root")
+	}
+	srv := exec.Command("mariadbd", args...)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	waitPort(t, addr)
+
+	dsn := "root@tcp(" + addr + ")/paysvc_tls"
+	caFile := filepath.Join(ca, "ca.pem")
+	tlsEnv := []string{"PAYSVC_MYSQL_DSN=" + dsn, "PAYSVC_MYSQL_CAFILE=" + caFile}
+	var out strings.Builder
+	if err := run(context.Background(), []string{"migrate"}, tlsEnv, &out); err != nil {
+		t.Fatalf("migrate over TLS: %v\n%s", err, out.String())
+	}
+	if err := run(context.Background(), []string{"migrate"}, []string{"PAYSVC_MYSQL_DSN=" + dsn}, &out); err == nil {
+		t.Fatal("a plain connection to the TLS-only server succeeded: the test proves nothing")
+	}
+	cfg := &Config{}
+	cfg.MySQL.DSN, cfg.MySQL.CAFile = dsn, caFile
+	tlsDSN, err := cfg.mysqlDSN()
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sqldb.Open(context.Background(), tlsDSN, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (82, 10.00)")
+	db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('MTLS1', 82, 1.00)")
+	w.daemonInProcess(tlsEnv...)
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("MTLS1", 82, "1.00"))
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		var n int
+		db.Get(&n, "SELECT COUNT(*) FROM t_order WHERE order_no = 'MTLS1' AND status = 'PAID'")
+		return n == 1
+	}, "payment not applied over TLS MySQL")
+	var cipher struct{ Name, Value string }
+	if err := db.QueryRow("SHOW STATUS LIKE 'Ssl_cipher'").Scan(&cipher.Name, &cipher.Value); err != nil || cipher.Value == "" {
+		t.Fatalf("connection not encrypted: %+v %v", cipher, err)
+	}
+}
+
+// paysvc reaches RabbitMQ over TLS (amqps://, amqp.caFile) on a second,
+// TLS-only RabbitMQ node started for the test with a throwaway CA.
+func TestAMQPTLS(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Fatal("starting a second RabbitMQ node needs root (Debian's rabbitmq-server runs as rabbitmq)")
+	}
+	w := newWorld(t)
+	ca := testenv.CA(t)
+	dir, err := os.MkdirTemp("", "paysvc-rabbit-tls-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for _, f := range []string{"ca.pem", "server.pem", "server-key.pem"} {
+		b, _ := os.ReadFile(filepath.Join(ca, f))
+		os.WriteFile(filepath.Join(dir, f), b, 0o644) // the node runs as rabbitmq
+	}
+	os.Chmod(dir, 0o755)
+	for _, sub := range []string{"mnesia", "log"} {
+		os.MkdirAll(filepath.Join(dir, sub), 0o755)
+		exec.Command("chown", "-R", "rabbitmq", filepath.Join(dir, sub)).Run()
+	}
+	addr := freeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	dist := freeAddr(t)
+	_, distPort, _ := net.SplitHostPort(dist)
+	node := "paysvc_tls_" + port + "@localhost"
+	conf := fmt.Sprintf("listeners.tcp = none\nlisteners.ssl.default = %s\nssl_options.cacertfile = %s\n"+
+		"ssl_options.certfile = %s\nssl_options.keyfile = %s\nssl_options.verify = verify_none\n"+
+		"ssl_options.fail_if_no_peer_cert = false\n", port, filepath.Join(dir, "ca.pem"),
+		filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem"))
+	os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644)
+	os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644)
+	srv := exec.Command("rabbitmq-server")
+	srv.Env = append(os.Environ(), "RABBITMQ_NODENAME="+node, "RABBITMQ_DIST_PORT="+distPort,
+		"RABBITMQ_MNESIA_BASE="+filepath.Join(dir, "mnesia"), "RABBITMQ_LOG_BASE="+filepath.Join(dir, "log"),
+		"RABBITMQ_CONFIG_FILE="+filepath.Join(dir, "rabbitmq"), "RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"),
+		"RABBITMQ_PID_FILE="+filepath.Join(dir, "mnesia", "pid"))
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		exec.Command("rabbitmqctl", "-n", node, "-q", "stop").Run()
+		srv.Process.Kill()
+		srv.Wait()
+	})
+	waitPort(t, addr)
+
+	url := "amqps://guest:guest@" + addr + "/"
+	caFile := filepath.Join(ca, "ca.pem")
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (83, 10.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('ATLS1', 83, 1.00)")
+	w.daemonInProcess("PAYSVC_AMQP_URL="+url, "PAYSVC_AMQP_CAFILE="+caFile)
+
+	tc, err := tlsca.Config(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.DialTLS(url, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, _ := conn.Channel()
+	if err := ch.Publish("", listener.MainQueue, true, false, amqp.Publishing{DeliveryMode: amqp.Persistent,
+		Body: payment("ATLS1", 83, "1.00")}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_order WHERE order_no = 'ATLS1' AND status = 'PAID'") == 1
+	}, "payment not applied over amqps")
 }
