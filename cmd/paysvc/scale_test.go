@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+// Competing consumers in three processes, as the incident had: every payment
+// published twice, one instance killed mid-stream so that its unacked
+// messages are redelivered to the others. Every order is charged once.
+func TestThreeInstancesCompetingConsumers(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	const users, orders = 5, 300
+	for u := 1; u <= users; u++ {
+		w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (?, 1000.00)", u)
+	}
+	var msgs [][]byte
+	for i := range orders {
+		no := fmt.Sprintf("T%04d", i)
+		w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES (?, ?, 2.00)", no, i%users+1)
+		msgs = append(msgs, payment(no, int64(i%users+1), "2.00"), payment(no, int64(i%users+1), "2.00"))
+	}
+	testenvDeclare(t, w.amqpURL)
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, msgs...)
+	var procs []*proc
+	for range 3 {
+		procs = append(procs, w.start(w.env(), "run"))
+	}
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_account_flow") >= 60
+	}, "no progress")
+	procs[0].cmd.Process.Signal(syscall.SIGKILL)
+	testenv.Eventually(t, 90*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_order WHERE status = 'PAID'") == orders &&
+			testenv.Depth(t, w.amqpURL, listener.MainQueue) == 0
+	}, "not every order paid by the surviving instances")
+	for _, p := range procs[1:] {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		if err := p.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("SIGTERM exit: %v", err)
+		}
+	}
+	if n := w.count("SELECT COUNT(*) FROM t_account_flow"); n != orders {
+		t.Fatalf("%d flows for %d orders", n, orders)
+	}
+	if n := w.count("SELECT COUNT(*) FROM t_account WHERE balance <> 1000.00 - 2.00 * ?", orders/users); n != 0 {
+		t.Fatalf("%d balances wrong", n)
+	}
+	if d := testenv.Depth(t, w.amqpURL, listener.MainQueue); d != 0 {
+		t.Fatalf("%d messages left", d)
+	}
+}
+
+// Redis through Sentinel (redis.addr = the sentinels, redis.masterName): a
+// sentinel started for the test watches the real Redis.
+func TestRedisSentinel(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	addr := freeAddr(t)
+	host, port, _ := net.SplitHostPort(addr)
+	master := "pm" + port
+	rhost, rport, _ := net.SplitHostPort(testenv.RedisAddr())
+	dir := t.TempDir()
+	conf := fmt.Sprintf("port %s\nbind %s\nsentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %s 60000\n",
+		port, host, master, rhost, rport, master)
+	os.WriteFile(filepath.Join(dir, "sentinel.conf"), []byte(conf), 0o644)
+	s := exec.Command("redis-server", filepath.Join(dir, "sentinel.conf"), "--sentinel")
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Process.Kill(); s.Wait() })
+	waitPort(t, addr)
+
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (84, 10.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('SEN1', 84, 1.00)")
+	w.daemonInProcess("PAYSVC_REDIS_ADDR="+addr, "PAYSVC_REDIS_MASTERNAME="+master)
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("SEN1", 84, "1.00"))
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_order WHERE order_no = 'SEN1' AND status = 'PAID'") == 1
+	}, "payment not applied through Sentinel")
+	if v := w.rdb.Get(context.Background(), w.prefix+"SEN1").Val(); v != "done" {
+		t.Fatalf("key on the master = %q, want done", v)
+	}
+}
