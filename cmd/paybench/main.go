@@ -37,6 +37,7 @@ type options struct {
 	dup                          float64
 	defaults                     consumerConfig
 	cpuProfile                   string
+	heapTrace                    bool
 }
 
 func env(k, def string) string {
@@ -59,6 +60,7 @@ func main() {
 	flag.Float64Var(&o.dup, "dup", 0.1, "share of payments published twice")
 	only := flag.String("only", "", "comma-separated phases: ceilings,default,article,hot,open")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the default run here")
+	flag.BoolVar(&o.heapTrace, "heap-trace", false, "print the heap every 10% of a run (memory flatness over long runs)")
 	flag.IntVar(&o.defaults.workers, "workers", o.defaults.workers, "amqp.workers of the default run")
 	flag.IntVar(&o.defaults.prefetch, "prefetch", o.defaults.prefetch, "amqp.prefetch of the default run")
 	flag.IntVar(&o.defaults.maxOpen, "conns", o.defaults.maxOpen, "mysql.maxOpenConns of the default run")

@@ -13,6 +13,11 @@ import (
 // Dial connects with paysvc's connection settings. tlsCfg (may be nil: the
 // system roots) is used for amqps:// URLs.
 func Dial(url, name string, tlsCfg *tls.Config) (*amqp.Connection, error) {
+	if tlsCfg != nil {
+		// amqp091 writes ServerName into the config it is given: every dial
+		// gets its own copy, or concurrent dials race.
+		tlsCfg = tlsCfg.Clone()
+	}
 	conn, err := amqp.DialConfig(url, amqp.Config{
 		Heartbeat:       10 * time.Second,
 		Locale:          "en_US",
