@@ -22,6 +22,7 @@ import (
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/order"
+	"github.com/paysvc/paysvc/internal/sandbox"
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/trace"
 )
@@ -128,17 +129,7 @@ func redisCeiling(ctx context.Context, o *options, conc, n int) (float64, error)
 	}
 	wg.Wait()
 	rate := float64(n) / time.Since(start).Seconds()
-	iter := rdb.Scan(ctx, 0, prefix+"*", 10000).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		if keys = append(keys, iter.Val()); len(keys) == 1000 {
-			rdb.Del(ctx, keys...)
-			keys = keys[:0]
-		}
-	}
-	if len(keys) > 0 {
-		rdb.Del(ctx, keys...)
-	}
+	sandbox.DeleteKeys(ctx, rdb, prefix)
 	return rate, nil
 }
 

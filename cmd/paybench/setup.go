@@ -4,29 +4,23 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/money"
-	"github.com/paysvc/paysvc/internal/sqldb"
-	"github.com/paysvc/paysvc/migrations"
+	"github.com/paysvc/paysvc/internal/sandbox"
 )
 
 // bed is one measurement's isolated database, vhost and key prefix.
 type bed struct {
-	name    string
+	*sandbox.Database
 	dsn     string
 	db      *sqlx.DB
-	admin   *sqlx.DB
-	dbName  string
 	vhost   string
 	amqpURL string
 	rdb     *redis.Client
@@ -36,88 +30,38 @@ type bed struct {
 var delays = []time.Duration{30 * time.Second, time.Minute, 5 * time.Minute}
 
 func newBed(ctx context.Context, o *options, name string) (*bed, error) {
-	b := &bed{name: name}
 	id := fmt.Sprintf("bench_%s_%x", name, rand.Uint32())
-	b.dbName, b.vhost, b.prefix = id, id, id+":"
-	cfg, err := mysql.ParseDSN(o.mysqlDSN)
+	d, err := sandbox.NewDatabase(ctx, o.mysqlDSN, id, 8)
 	if err != nil {
 		return nil, err
 	}
-	if b.admin, err = sqldb.Open(ctx, cfg.FormatDSN(), 2); err != nil {
+	b := &bed{Database: d, dsn: d.DSN, db: d.DB, vhost: id, prefix: id + ":"}
+	if b.amqpURL, err = sandbox.NewVhost(o.amqpURL, b.vhost, "guest"); err != nil {
+		b.close()
 		return nil, err
 	}
-	if _, err := b.admin.ExecContext(ctx, "CREATE DATABASE `"+b.dbName+"`"); err != nil {
-		return nil, err
-	}
-	cfg.DBName = b.dbName
-	b.dsn = cfg.FormatDSN()
-	if b.db, err = sqldb.Open(ctx, b.dsn, 8); err != nil {
-		return nil, err
-	}
-	ms, err := sqldb.LoadMigrations(migrations.FS)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := sqldb.Migrate(ctx, b.db, ms); err != nil {
-		return nil, err
-	}
-	if err := rabbitmqctl("add_vhost", b.vhost); err != nil {
-		return nil, err
-	}
-	if err := rabbitmqctl("set_permissions", "-p", b.vhost, "guest", ".*", ".*", ".*"); err != nil {
-		return nil, err
-	}
-	b.amqpURL = strings.TrimSuffix(o.amqpURL, "/") + "/" + b.vhost
 	b.rdb = redis.NewClient(&redis.Options{Addr: o.redisAddr, PoolSize: 128})
 	conn, err := amqp.Dial(b.amqpURL)
 	if err != nil {
+		b.close()
 		return nil, err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
+		b.close()
 		return nil, err
 	}
 	return b, listener.Declare(ch, delays)
 }
 
 func (b *bed) close() {
-	if b.db != nil {
-		b.db.Close()
-	}
-	if b.admin != nil {
-		b.admin.Exec("DROP DATABASE IF EXISTS `" + b.dbName + "`")
-		b.admin.Close()
-	}
-	rabbitmqctl("delete_vhost", b.vhost)
+	b.Database.Close()
+	sandbox.DeleteVhost(b.vhost)
 	if b.rdb != nil {
-		ctx := context.Background()
-		iter := b.rdb.Scan(ctx, 0, b.prefix+"*", 10000).Iterator()
-		var keys []string
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-			if len(keys) == 1000 {
-				b.rdb.Del(ctx, keys...)
-				keys = keys[:0]
-			}
-		}
-		if len(keys) > 0 {
-			b.rdb.Del(ctx, keys...)
-		}
+		sandbox.DeleteKeys(context.Background(), b.rdb, b.prefix)
 		b.rdb.Close()
 	}
-}
-
-func rabbitmqctl(args ...string) error {
-	argv := append([]string{"rabbitmqctl", "-q"}, args...)
-	if os.Geteuid() != 0 {
-		argv = append([]string{"sudo", "-n"}, argv...)
-	}
-	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("rabbitmqctl %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return nil
 }
 
 // payment is one order and its message body.

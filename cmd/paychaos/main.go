@@ -227,6 +227,9 @@ func runSoak(ctx context.Context, srv servers, binary, logDir string, seed uint6
 	w, err := newWorld(ctx, "soak", srv, binary, logDir)
 	if err != nil {
 		r.err = err
+		if w != nil {
+			w.close()
+		}
 		return r
 	}
 	defer w.close()

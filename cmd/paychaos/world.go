@@ -25,8 +25,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/paysvc/paysvc/internal/listener"
-	"github.com/paysvc/paysvc/internal/sqldb"
-	"github.com/paysvc/paysvc/migrations"
+	"github.com/paysvc/paysvc/internal/sandbox"
 )
 
 // Servers the suite runs against; loopback only.
@@ -39,18 +38,19 @@ type servers struct {
 // world is one scenario's isolated database, vhost and key prefix, with
 // proxies in front of each server and the paysvc instances behind them.
 type world struct {
-	name    string
-	srv     servers
-	binary  string
-	dir     string
-	dbName  string
-	db      *sqlx.DB
-	admin   *sqlx.DB
-	vhost   string
-	amqpURL string // direct, for publishing and inspecting
-	rdb     *redis.Client
-	prefix  string
-	delays  []time.Duration
+	name     string
+	srv      servers
+	binary   string
+	dir      string
+	dbName   string
+	database *sandbox.Database
+	db       *sqlx.DB
+	admin    *sqlx.DB
+	vhost    string
+	amqpURL  string // direct, for publishing and inspecting
+	rdb      *redis.Client
+	prefix   string
+	delays   []time.Duration
 
 	toxi                   *toxiproxy.ApiServer
 	mysqlProxy, redisProxy *toxiproxy.Proxy
@@ -77,34 +77,18 @@ func newWorld(ctx context.Context, name string, srv servers, binary, logDir stri
 	if err := os.MkdirAll(w.dir, 0o755); err != nil {
 		return nil, err
 	}
+	d, err := sandbox.NewDatabase(ctx, srv.mysqlDSN, w.dbName, 8)
+	if err != nil {
+		return nil, err
+	}
+	w.database, w.db, w.admin = d, d.DB, d.Admin()
+	if w.amqpURL, err = sandbox.NewVhost(srv.amqpURL, w.vhost, "guest"); err != nil {
+		return w, err
+	}
 	cfg, err := mysql.ParseDSN(srv.mysqlDSN)
 	if err != nil {
-		return nil, err
+		return w, err
 	}
-	if w.admin, err = sqldb.Open(ctx, cfg.FormatDSN(), 4); err != nil {
-		return nil, err
-	}
-	if _, err := w.admin.ExecContext(ctx, "CREATE DATABASE `"+w.dbName+"`"); err != nil {
-		return nil, err
-	}
-	cfg.DBName = w.dbName
-	if w.db, err = sqldb.Open(ctx, cfg.FormatDSN(), 8); err != nil {
-		return nil, err
-	}
-	ms, err := sqldb.LoadMigrations(migrations.FS)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := sqldb.Migrate(ctx, w.db, ms); err != nil {
-		return nil, err
-	}
-	if err := rabbitmqctl("add_vhost", w.vhost); err != nil {
-		return nil, err
-	}
-	if err := rabbitmqctl("set_permissions", "-p", w.vhost, "guest", ".*", ".*", ".*"); err != nil {
-		return nil, err
-	}
-	w.amqpURL = strings.TrimSuffix(srv.amqpURL, "/") + "/" + w.vhost
 	w.rdb = redis.NewClient(&redis.Options{Addr: srv.redisAddr})
 
 	w.toxi = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
@@ -114,21 +98,21 @@ func newWorld(ctx context.Context, name string, srv servers, binary, logDir stri
 	w.amqpProxy = toxiproxy.NewProxy(w.toxi, "amqp", "127.0.0.1:0", u)
 	for _, p := range []*toxiproxy.Proxy{w.mysqlProxy, w.redisProxy, w.amqpProxy} {
 		if err := p.Start(); err != nil {
-			return nil, fmt.Errorf("proxy %s: %w", p.Name, err)
+			return w, fmt.Errorf("proxy %s: %w", p.Name, err)
 		}
 	}
 	if w.commitCut, err = newCommitCutter(w.mysqlProxy.Listen); err != nil {
-		return nil, err
+		return w, err
 	}
 	// Declare the topology up front so that publishing can start at once.
 	conn, err := amqp.Dial(w.amqpURL)
 	if err != nil {
-		return nil, err
+		return w, err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, err
+		return w, err
 	}
 	return w, listener.Declare(ch, w.delays)
 }
@@ -148,47 +132,27 @@ func splitHostPort(amqpURL string) (string, error) {
 // close stops everything and removes the database, vhost and keys.
 func (w *world) close() {
 	w.stopAll(15 * time.Second)
-	w.commitCut.close()
+	if w.commitCut != nil {
+		w.commitCut.close()
+	}
 	for _, p := range []*toxiproxy.Proxy{w.mysqlProxy, w.redisProxy, w.amqpProxy} {
 		if p != nil {
 			p.Stop()
 		}
 	}
-	if w.db != nil {
-		w.db.Close()
+	if w.database != nil {
+		w.database.Close()
 	}
-	if w.admin != nil {
-		w.admin.Exec("DROP DATABASE IF EXISTS `" + w.dbName + "`")
-		w.admin.Close()
-	}
-	rabbitmqctl("delete_vhost", w.vhost)
+	sandbox.DeleteVhost(w.vhost)
 	if w.rdb != nil {
 		w.deleteKeys()
 		w.rdb.Close()
 	}
 }
 
-func (w *world) deleteKeys() {
-	ctx := context.Background()
-	iter := w.rdb.Scan(ctx, 0, w.prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		w.rdb.Del(ctx, iter.Val())
-	}
-}
+func (w *world) deleteKeys() { sandbox.DeleteKeys(context.Background(), w.rdb, w.prefix) }
 
-func rabbitmqctl(args ...string) error {
-	argv := append([]string{"rabbitmqctl", "-q"}, args...)
-	if os.Geteuid() != 0 {
-		argv = append([]string{"sudo", "-n"}, argv...)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("rabbitmqctl %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return nil
-}
+func rabbitmqctl(args ...string) error { return sandbox.RabbitmqCtl(args...) }
 
 // instance is one paysvc process; the world restarts it when it dies, as an
 // orchestrator would.

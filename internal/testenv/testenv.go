@@ -14,18 +14,15 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/paysvc/paysvc/internal/sqldb"
-	"github.com/paysvc/paysvc/migrations"
+	"github.com/paysvc/paysvc/internal/sandbox"
 )
 
 func env(key, def string) string {
@@ -51,44 +48,18 @@ func Name(t testing.TB) string {
 // an open pool. The database is dropped at cleanup.
 func MySQL(t testing.TB) (string, *sqlx.DB) {
 	t.Helper()
-	root := env("PAYSVC_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/")
-	cfg, err := mysql.ParseDSN(root)
-	if err != nil {
-		t.Fatalf("PAYSVC_TEST_MYSQL_DSN: %v", err)
-	}
-	name := Name(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	admin, err := sqldb.Open(ctx, cfg.FormatDSN(), 2)
+	d, err := sandbox.NewDatabase(ctx, env("PAYSVC_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/"), Name(t), 16)
 	if err != nil {
-		t.Fatalf("mysql unreachable (start it: scripts/ensure-services.sh): %v", err)
+		t.Fatalf("mysql (start it: scripts/ensure-services.sh): %v", err)
 	}
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE `"+name+"`"); err != nil {
-		t.Fatalf("create database: %v", err)
-	}
-	t.Cleanup(func() {
-		admin.Exec("DROP DATABASE IF EXISTS `" + name + "`")
-		admin.Close()
-	})
-	cfg.DBName = name
-	dsn := cfg.FormatDSN()
-	db, err := sqldb.Open(ctx, dsn, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	ms, err := sqldb.LoadMigrations(migrations.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sqldb.Migrate(ctx, db, ms); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	return dsn, db
+	t.Cleanup(d.Close)
+	return d.DSN, d.DB
 }
 
-// AMQP creates a vhost that guest may use and returns its URL. The vhost,
-// with its queues, is deleted at cleanup.
+// AMQP creates a vhost that the URL's user may use and returns its URL. The
+// vhost, with its queues, is deleted at cleanup.
 func AMQP(t testing.TB) string {
 	t.Helper()
 	base := env("PAYSVC_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -101,25 +72,18 @@ func AMQP(t testing.TB) string {
 		user = u.User.Username()
 	}
 	vhost := Name(t)
-	rabbitmqctl(t, "add_vhost", vhost)
-	t.Cleanup(func() { rabbitmqctl(t, "delete_vhost", vhost) })
-	rabbitmqctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
-	u.Path = "/" + vhost
-	return u.String()
+	t.Cleanup(func() { sandbox.DeleteVhost(vhost) })
+	vurl, err := sandbox.NewVhost(base, vhost, user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return vurl
 }
 
 func rabbitmqctl(t testing.TB, args ...string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	argv := append([]string{"rabbitmqctl", "-q"}, args...)
-	if os.Geteuid() != 0 {
-		// Debian's rabbitmqctl runs only as root or rabbitmq.
-		argv = append([]string{"sudo", "-n"}, argv...)
-	}
-	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	if err := sandbox.RabbitmqCtl(args...); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -138,11 +102,7 @@ func Redis(t testing.TB) (*redis.Client, string) {
 	}
 	prefix := Name(t) + ":"
 	t.Cleanup(func() {
-		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
+		sandbox.DeleteKeys(context.Background(), rdb, prefix)
 		rdb.Close()
 	})
 	return rdb, prefix
