@@ -66,9 +66,9 @@ func TestRedisTLS(t *testing.T) {
 	tc.ServerName = "127.0.0.1"
 	rdb := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: tc})
 	defer rdb.Close()
-	if v := rdb.Get(context.Background(), w.prefix+"TLS1").Val(); v != "done" {
-		t.Fatalf("key in the TLS Redis = %q, want done (logs:\n%s)", v, logs)
-	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return rdb.Get(context.Background(), w.prefix+"TLS1").Val() == "done"
+	}, "the key in the TLS Redis never became done (logs:\n%s)", logs)
 
 	// A CA that did not sign the server: paysvc refuses and waits.
 	other := testenv.CA(t)
