@@ -58,7 +58,7 @@ func main() {
 	flag.IntVar(&o.users, "users", 1000, "accounts")
 	flag.IntVar(&o.hotUsers, "hot-users", 10, "accounts in the hot-account run")
 	flag.Float64Var(&o.dup, "dup", 0.1, "share of payments published twice")
-	only := flag.String("only", "", "comma-separated phases: ceilings,default,article,hot,open")
+	only := flag.String("only", "", "comma-separated phases: ceilings,grouped,default,article,hot,open")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the default run here")
 	flag.BoolVar(&o.heapTrace, "heap-trace", false, "print the heap every 10% of a run (memory flatness over long runs)")
 	flag.IntVar(&o.defaults.workers, "workers", o.defaults.workers, "amqp.workers of the default run")
@@ -89,6 +89,16 @@ func main() {
 			}
 			row(fmt.Sprintf("ceiling: payment tx, plain Go, %d conns", conc), rate, "")
 			txBest = max(txBest, rate)
+		}
+		if want("grouped") {
+			for _, g := range []int{10} {
+				rate, err := groupedCeiling(ctx, o, 16, g, o.n)
+				if err != nil {
+					fail(err)
+				}
+				row(fmt.Sprintf("payments %d per transaction, plain Go, 16 conns", g), rate,
+					fmt.Sprintf("%.2fx the best one-per-transaction ceiling", rate/txBest))
+			}
 		}
 		amqpRate, err := rabbitCeiling(ctx, o, o.n, 64)
 		if err != nil {

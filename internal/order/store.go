@@ -68,6 +68,12 @@ func (s *Store) Pay(ctx context.Context, p Payment) error {
 	return nil
 }
 
+// PayTx runs one payment's statements inside the caller's transaction, with
+// the errors Pay returns (except ErrCommitUnknown: the caller commits). It
+// exists to measure grouping several payments per transaction (paybench);
+// Pay is the path paysvc uses.
+func PayTx(ctx context.Context, tx *sqlx.Tx, p Payment) error { return pay(ctx, tx, p) }
+
 func pay(ctx context.Context, tx *sqlx.Tx, p Payment) error {
 	res, err := tx.ExecContext(ctx,
 		`UPDATE t_order SET status = 'PAID', pay_time = CURRENT_TIMESTAMP(3)
