@@ -83,13 +83,18 @@ func main() {
 	var ceiling, txBest float64
 	if want("ceilings") {
 		for _, conc := range []int{16, 32, 64} {
-			rate, err := mysqlCeiling(ctx, o, conc, o.n)
+			rate, err := mysqlCeiling(ctx, o, conc, o.n, false)
 			if err != nil {
 				fail(err)
 			}
-			row(fmt.Sprintf("ceiling: payment tx, plain Go, %d conns", conc), rate, "")
+			row(fmt.Sprintf("ceiling: payment tx, plain Go, %d conns", conc), rate, "one statement per round trip")
 			txBest = max(txBest, rate)
 		}
+		chainedRate, err := mysqlCeiling(ctx, o, 16, o.n, true)
+		if err != nil {
+			fail(err)
+		}
+		row("payment tx chained (paysvc's), plain Go, 16 conns", chainedRate, "2 round trips")
 		if want("grouped") {
 			for _, g := range []int{10} {
 				rate, err := groupedCeiling(ctx, o, 16, g, o.n)

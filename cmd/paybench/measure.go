@@ -29,9 +29,10 @@ import (
 	"github.com/paysvc/paysvc/internal/trace"
 )
 
-// mysqlCeiling runs the payment transaction itself (order.Store.Pay) from
-// plain Go at concurrency conc over n fresh orders.
-func mysqlCeiling(ctx context.Context, o *options, conc, n int) (float64, error) {
+// mysqlCeiling runs the payment transaction from plain Go at concurrency conc
+// over n fresh orders: one statement per round trip as a plain program writes
+// it (order.PayTx in a transaction), or, chained, paysvc's own order.Store.Pay.
+func mysqlCeiling(ctx context.Context, o *options, conc, n int, chained bool) (float64, error) {
 	b, err := newBed(ctx, o, fmt.Sprintf("tx%d", conc))
 	if err != nil {
 		return 0, err
@@ -59,7 +60,14 @@ func mysqlCeiling(ctx context.Context, o *options, conc, n int) (float64, error)
 					return
 				}
 				p := pays[i]
-				if err := store.Pay(ctx, order.Payment{OrderNo: p.orderNo, UserID: p.user, Amount: p.amount}); err != nil {
+				pay := order.Payment{OrderNo: p.orderNo, UserID: p.user, Amount: p.amount}
+				var err error
+				if chained {
+					err = store.Pay(ctx, pay)
+				} else {
+					err = sqldb.InTx(ctx, db, func(tx *sqlx.Tx) error { return order.PayTx(ctx, tx, pay) })
+				}
+				if err != nil {
 					failed.Add(1)
 				}
 			}

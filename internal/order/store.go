@@ -37,7 +37,7 @@ func NewStore(db *sqlx.DB) *Store { return &Store{db: db, Attempts: 3} }
 
 // Pay applies p exactly once, in one transaction: order INIT→PAID, a
 // PAY_DEDUCT flow, the balance deduction, and the payment-success notice in
-// the outbox.
+// the outbox, sent as one chained round trip plus COMMIT (chain.go).
 //
 // It returns nil when this call applied the payment, and otherwise:
 // ErrAlreadyPaid or account.ErrDuplicateFlow (a duplicate: ack),
@@ -49,7 +49,7 @@ func NewStore(db *sqlx.DB) *Store { return &Store{db: db, Attempts: 3} }
 func (s *Store) Pay(ctx context.Context, p Payment) error {
 	var err error
 	for attempt := 1; ; attempt++ {
-		err = sqldb.InTx(ctx, s.db, func(tx *sqlx.Tx) error { return pay(ctx, tx, p) })
+		err = s.payChained(ctx, p)
 		if err == nil || !sqldb.Transient(err) || attempt >= s.Attempts {
 			break
 		}
@@ -68,10 +68,10 @@ func (s *Store) Pay(ctx context.Context, p Payment) error {
 	return nil
 }
 
-// PayTx runs one payment's statements inside the caller's transaction, with
-// the errors Pay returns (except ErrCommitUnknown: the caller commits). It
-// exists to measure grouping several payments per transaction (paybench);
-// Pay is the path paysvc uses.
+// PayTx runs one payment's statements one round trip each inside the
+// caller's transaction, with the errors Pay returns (except
+// ErrCommitUnknown: the caller commits). paybench measures the plain
+// transaction and grouping with it; Pay is the path paysvc uses.
 func PayTx(ctx context.Context, tx *sqlx.Tx, p Payment) error { return pay(ctx, tx, p) }
 
 func pay(ctx context.Context, tx *sqlx.Tx, p Payment) error {

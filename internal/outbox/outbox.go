@@ -36,17 +36,20 @@ type Notice struct {
 	PaidAt  string `json:"paidAt"`
 }
 
-// AddPaymentSucceeded writes the notice for a payment inside the caller's
-// transaction.
-func AddPaymentSucceeded(ctx context.Context, tx sqlx.ExtContext, orderNo string, userID int64, amount money.Cents, paidAt time.Time) error {
-	payload, err := json.Marshal(Notice{
+// PaymentSucceeded is the JSON payload of a payment-success notice.
+func PaymentSucceeded(orderNo string, userID int64, amount money.Cents, paidAt time.Time) []byte {
+	b, _ := json.Marshal(Notice{ // a struct of strings and an int: cannot fail
 		Event: EventPaymentSucceeded, OrderNo: orderNo, UserID: userID,
 		Amount: amount.String(), PaidAt: paidAt.UTC().Format(time.RFC3339Nano),
 	})
-	if err != nil {
-		return err
-	}
-	_, err = tx.ExecContext(ctx, "INSERT INTO t_outbox (event_type, biz_no, payload) VALUES (?, ?, ?)",
+	return b
+}
+
+// AddPaymentSucceeded writes the notice for a payment inside the caller's
+// transaction.
+func AddPaymentSucceeded(ctx context.Context, tx sqlx.ExtContext, orderNo string, userID int64, amount money.Cents, paidAt time.Time) error {
+	payload := PaymentSucceeded(orderNo, userID, amount, paidAt)
+	_, err := tx.ExecContext(ctx, "INSERT INTO t_outbox (event_type, biz_no, payload) VALUES (?, ?, ?)",
 		EventPaymentSucceeded, orderNo, payload)
 	if err != nil {
 		return fmt.Errorf("outbox %s: %w", orderNo, err)
