@@ -1,9 +1,12 @@
 package order_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"github.com/go-sql-driver/mysql"
+	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -259,4 +262,64 @@ func TestPayRetriesLockWaitTimeoutInPlace(t *testing.T) {
 	if got := read(t, db, "LW2", 11); got.Status != order.Paid || got.Flows != 1 || got.Balance != 900 {
 		t.Fatalf("after retry: %+v", got)
 	}
+}
+
+// The connection dies as COMMIT is sent (the proxy drops it): Pay must say
+// the outcome is unknown, never success; here the server never saw COMMIT,
+// so nothing was applied.
+func TestPayReportsCommitUnknown(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	seed(t, db, "CU1", 12, "1.00", "10.00")
+	cfg, _ := mysql.ParseDSN(dsn)
+	upstream := cfg.Addr
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				s, err := net.Dial("tcp", upstream)
+				if err != nil {
+					c.Close()
+					return
+				}
+				go func() { io.Copy(c, s); c.Close() }()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						if bytes.Contains(buf[:n], []byte("\x03COMMIT")) {
+							break // drop it: the client never hears back
+						}
+						s.Write(buf[:n])
+					}
+					if err != nil {
+						break
+					}
+				}
+				c.Close()
+				s.Close()
+			}()
+		}
+	}()
+	cfg.Addr = ln.Addr().String()
+	cut, err := sqldb.Open(context.Background(), cfg.FormatDSN(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cut.Close()
+	err = order.NewStore(cut).Pay(context.Background(), pay("CU1", 12, 100))
+	if !errors.Is(err, sqldb.ErrCommitUnknown) {
+		t.Fatalf("Pay = %v, want ErrCommitUnknown", err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return read(t, db, "CU1", 12) == state{Status: order.Init, Balance: 1000}
+	}, "the uncommitted payment is visible")
 }
