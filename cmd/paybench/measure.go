@@ -33,57 +33,52 @@ import (
 // over n fresh orders: one statement per round trip as a plain program writes
 // it (order.PayTx in a transaction), or, chained, paysvc's own order.Store.Pay.
 func mysqlCeiling(ctx context.Context, o *options, conc, n int, chained bool) (float64, error) {
-	b, err := newBed(ctx, o, fmt.Sprintf("tx%d", conc))
-	if err != nil {
-		return 0, err
-	}
-	defer b.close()
-	pays, err := b.seed(ctx, n, o.users, 0, 0)
-	if err != nil {
-		return 0, err
-	}
-	db, err := sqldb.Open(ctx, b.dsn, conc)
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	store := order.NewStore(db)
-	var next atomic.Int64
-	var failed atomic.Int64
-	start := time.Now()
-	var wg sync.WaitGroup
-	for range conc {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n {
-					return
-				}
-				p := pays[i]
-				pay := order.Payment{OrderNo: p.orderNo, UserID: p.user, Amount: p.amount}
-				var err error
-				if chained {
-					err = store.Pay(ctx, pay)
-				} else {
-					err = sqldb.InTx(ctx, db, func(tx *sqlx.Tx) error { return order.PayTx(ctx, tx, pay) })
-				}
-				if err != nil {
-					failed.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if f := failed.Load(); f > 0 {
-		return 0, fmt.Errorf("%d payments failed", f)
-	}
-	return float64(n) / time.Since(start).Seconds(), nil
+	return parallelPayments(ctx, o, fmt.Sprintf("tx%d", conc), conc, n, 1, func(db *sqlx.DB, batch []payment) error {
+		pay := batch[0].payment()
+		if chained {
+			return order.NewStore(db).Pay(ctx, pay)
+		}
+		return sqldb.InTx(ctx, db, func(tx *sqlx.Tx) error { return order.PayTx(ctx, tx, pay) })
+	})
 }
 
 // groupedCeiling runs the same payments `group` per transaction (plain Go,
-// conc connections): what grouping would buy.
+// conc connections): what grouping would buy. Each group takes its locks in
+// (user, order) order so that groups do not deadlock each other; the rare
+// deadlock retries the group whole.
 func groupedCeiling(ctx context.Context, o *options, conc, group, n int) (float64, error) {
-	b, err := newBed(ctx, o, fmt.Sprintf("group%d", group))
+	var retried atomic.Int64
+	rate, err := parallelPayments(ctx, o, fmt.Sprintf("group%d", group), conc, n, group, func(db *sqlx.DB, batch []payment) error {
+		sort.Slice(batch, func(i, j int) bool {
+			return batch[i].user < batch[j].user || batch[i].user == batch[j].user && batch[i].orderNo < batch[j].orderNo
+		})
+		var err error
+		for attempt := 0; attempt < 5; attempt++ {
+			err = sqldb.InTx(ctx, db, func(tx *sqlx.Tx) error {
+				for _, p := range batch {
+					if err := order.PayTx(ctx, tx, p.payment()); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err == nil || !sqldb.Transient(err) {
+				return err
+			}
+			retried.Add(1)
+		}
+		return err
+	})
+	fmt.Printf("  (%d groups of %d retried after a deadlock or lock wait)\n", retried.Load(), group)
+	return rate, err
+}
+
+// parallelPayments seeds n orders in a bed of their own and runs do over
+// them in batches of `group` from conc goroutines with a pool of conc
+// connections; it returns payments per second.
+func parallelPayments(ctx context.Context, o *options, name string, conc, n, group int,
+	do func(db *sqlx.DB, batch []payment) error) (float64, error) {
+	b, err := newBed(ctx, o, name)
 	if err != nil {
 		return 0, err
 	}
@@ -97,8 +92,7 @@ func groupedCeiling(ctx context.Context, o *options, conc, group, n int) (float6
 		return 0, err
 	}
 	defer db.Close()
-	var next atomic.Int64
-	var failed, deadlocks atomic.Int64
+	var next, failed atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range conc {
@@ -108,28 +102,7 @@ func groupedCeiling(ctx context.Context, o *options, conc, group, n int) (float6
 				if lo >= n {
 					return
 				}
-				// Lock in one order (by user, then order) so that groups do
-				// not deadlock each other; retry the rare deadlock whole.
-				batch := append([]payment(nil), pays[lo:min(lo+group, n)]...)
-				sort.Slice(batch, func(i, j int) bool {
-					return batch[i].user < batch[j].user || batch[i].user == batch[j].user && batch[i].orderNo < batch[j].orderNo
-				})
-				var err error
-				for attempt := 0; attempt < 5; attempt++ {
-					err = sqldb.InTx(ctx, db, func(tx *sqlx.Tx) error {
-						for _, p := range batch {
-							if err := order.PayTx(ctx, tx, order.Payment{OrderNo: p.orderNo, UserID: p.user, Amount: p.amount}); err != nil {
-								return err
-							}
-						}
-						return nil
-					})
-					if err == nil || !sqldb.Transient(err) {
-						break
-					}
-					deadlocks.Add(1)
-				}
-				if err != nil {
+				if err := do(db, append([]payment(nil), pays[lo:min(lo+group, n)]...)); err != nil {
 					failed.Add(1)
 				}
 			}
@@ -137,11 +110,9 @@ func groupedCeiling(ctx context.Context, o *options, conc, group, n int) (float6
 	}
 	wg.Wait()
 	if f := failed.Load(); f > 0 {
-		return 0, fmt.Errorf("%d groups failed", f)
+		return 0, fmt.Errorf("%s: %d batches failed", name, f)
 	}
-	rate := float64(n) / time.Since(start).Seconds()
-	fmt.Printf("  (%d groups of %d retried after a deadlock or lock wait)\n", deadlocks.Load(), group)
-	return rate, nil
+	return float64(n) / time.Since(start).Seconds(), nil
 }
 
 // rabbitCeiling delivers and acks n persistent messages with no work.

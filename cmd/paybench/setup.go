@@ -13,6 +13,7 @@ import (
 
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/order"
 	"github.com/paysvc/paysvc/internal/sandbox"
 )
 
@@ -69,6 +70,10 @@ type payment struct {
 	orderNo string
 	user    int64
 	amount  money.Cents
+}
+
+func (p payment) payment() order.Payment {
+	return order.Payment{OrderNo: p.orderNo, UserID: p.user, Amount: p.amount}
 }
 
 func (p payment) body() []byte {
