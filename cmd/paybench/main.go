@@ -52,7 +52,7 @@ func main() {
 		mysqlDSN:  env("PAYSVC_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/"),
 		amqpURL:   env("PAYSVC_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		redisAddr: env("PAYSVC_TEST_REDIS_ADDR", "127.0.0.1:6379"),
-		defaults:  consumerConfig{workers: 16, prefetch: 32, maxOpen: 20}, // config.yaml's defaults
+		defaults:  consumerConfig{workers: 32, prefetch: 64, maxOpen: 20, groupSize: 16, groupConns: 2}, // config.yaml's defaults
 	}
 	flag.IntVar(&o.n, "n", 20000, "payments per paysvc run")
 	flag.IntVar(&o.users, "users", 1000, "accounts")
@@ -64,6 +64,8 @@ func main() {
 	flag.IntVar(&o.defaults.workers, "workers", o.defaults.workers, "amqp.workers of the default run")
 	flag.IntVar(&o.defaults.prefetch, "prefetch", o.defaults.prefetch, "amqp.prefetch of the default run")
 	flag.IntVar(&o.defaults.maxOpen, "conns", o.defaults.maxOpen, "mysql.maxOpenConns of the default run")
+	flag.IntVar(&o.defaults.groupSize, "group", o.defaults.groupSize, "mysql.groupSize of the default run")
+	flag.IntVar(&o.defaults.groupConns, "group-conns", o.defaults.groupConns, "mysql.groupConns of the default run")
 	flag.Parse()
 	mysql.SetLogger(log.New(io.Discard, "", 0))
 	ctx := context.Background()
@@ -124,12 +126,12 @@ func main() {
 			fail(err)
 		}
 		peak = r.rate
-		row(fmt.Sprintf("paysvc default (%d workers, prefetch %d, %d conns), %d msgs, %.0f%% dup",
-			o.defaults.workers, o.defaults.prefetch, o.defaults.maxOpen, r.msgs, o.dup*100), r.rate,
+		row(fmt.Sprintf("paysvc default (%d workers, prefetch %d, %d conns, groups of %d on %d), %d msgs, %.0f%% dup",
+			o.defaults.workers, o.defaults.prefetch, o.defaults.maxOpen, o.defaults.groupSize, o.defaults.groupConns, r.msgs, o.dup*100), r.rate,
 			describe(r)+fraction(r.rate, ceiling))
 	}
 	if want("article") {
-		r, err := drain(ctx, o, "article", consumerConfig{workers: 1, prefetch: 10, maxOpen: 4}, o.n/4, o.dup, 0)
+		r, err := drain(ctx, o, "article", consumerConfig{workers: 1, prefetch: 10, maxOpen: 4, groupSize: o.defaults.groupSize, groupConns: 1}, o.n/4, o.dup, 0)
 		if err != nil {
 			fail(err)
 		}

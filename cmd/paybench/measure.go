@@ -221,6 +221,7 @@ func (r *recorder) count() int {
 
 type consumerConfig struct {
 	workers, prefetch, maxOpen int
+	groupSize, groupConns      int // mysql.groupSize, mysql.groupConns
 }
 
 // startConsumer runs paysvc's consumer in this process with the daemon's
@@ -239,6 +240,7 @@ func startConsumer(ctx context.Context, b *bed, o *options, cc consumerConfig, r
 		Retry:         listener.RetryPolicy{Delays: delays, MaxAttempts: 5},
 		RedisFallback: listener.FallbackClosed, HandleTimeout: 30 * time.Second, DrainTimeout: 30 * time.Second,
 		PublishTimeout: 10 * time.Second, MaxBackoff: 15 * time.Second, Metrics: metrics.New(),
+		GroupSize: cc.groupSize, GroupConns: cc.groupConns,
 		Events: &trace.Recorder{DB: db, Instance: "paybench"},
 	}, order.NewStore(db), guard, log)
 	cctx, cancel := context.WithCancel(ctx)

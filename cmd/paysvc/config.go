@@ -36,6 +36,8 @@ type Config struct {
 	MySQL struct {
 		DSN          string
 		MaxOpenConns int
+		GroupSize    int
+		GroupConns   int
 		CAFile       string
 	}
 	Redis struct {
@@ -75,14 +77,16 @@ var defaults = []struct {
 	val any
 }{
 	{"amqp.url", "amqp://127.0.0.1:5672/"},
-	{"amqp.prefetch", 32},
-	{"amqp.workers", 16},
+	{"amqp.prefetch", 64},
+	{"amqp.workers", 32},
 	{"amqp.drainTimeout", "30s"},
 	{"amqp.queueType", "classic"},
 	{"amqp.deliveryLimit", 20},
 	{"amqp.caFile", ""},
 	{"mysql.dsn", "root@tcp(127.0.0.1:3306)/paysvc"},
 	{"mysql.maxOpenConns", 20},
+	{"mysql.groupSize", 16},
+	{"mysql.groupConns", 2},
 	{"mysql.caFile", ""},
 	{"redis.addr", "127.0.0.1:6379"},
 	{"redis.username", ""},
@@ -175,6 +179,8 @@ func loadConfig(path string, mustExist bool, env map[string]string) (*Config, er
 	c.AMQP.CAFile = d.str("amqp.caFile")
 	c.MySQL.DSN = d.str("mysql.dsn")
 	c.MySQL.MaxOpenConns = d.int("mysql.maxOpenConns")
+	c.MySQL.GroupSize = d.int("mysql.groupSize")
+	c.MySQL.GroupConns = d.int("mysql.groupConns")
 	c.MySQL.CAFile = d.str("mysql.caFile")
 	c.Redis.Addr = d.str("redis.addr")
 	c.Redis.Username = d.str("redis.username")
@@ -249,6 +255,12 @@ func (c *Config) validate() []error {
 	}
 	if c.MySQL.MaxOpenConns < 1 {
 		bad("mysql.maxOpenConns", "want at least 1, got %d", c.MySQL.MaxOpenConns)
+	}
+	if c.MySQL.GroupSize < 1 || c.MySQL.GroupSize > 100 {
+		bad("mysql.groupSize", "want 1 to 100, got %d", c.MySQL.GroupSize)
+	}
+	if c.MySQL.GroupConns < 1 || c.MySQL.GroupConns > c.MySQL.MaxOpenConns {
+		bad("mysql.groupConns", "want 1 to mysql.maxOpenConns (%d), got %d", c.MySQL.MaxOpenConns, c.MySQL.GroupConns)
 	}
 	if len(c.RedisAddrs()) == 0 {
 		bad("redis.addr", "must not be empty")
@@ -451,6 +463,7 @@ func (c *Config) redacted() map[string]any {
 		"amqp.drainTimeout": c.AMQP.DrainTimeout.String(), "amqp.queueType": c.AMQP.QueueType,
 		"amqp.deliveryLimit": c.AMQP.DeliveryLimit,
 		"mysql.dsn":          dsn, "mysql.maxOpenConns": c.MySQL.MaxOpenConns,
+		"mysql.groupSize": c.MySQL.GroupSize, "mysql.groupConns": c.MySQL.GroupConns,
 		"redis.addr": c.Redis.Addr, "redis.username": c.Redis.Username, "redis.password": redisPassword, "redis.db": c.Redis.DB,
 		"redis.masterName": c.Redis.MasterName, "redis.tls": c.Redis.TLS, "redis.caFile": c.Redis.CAFile,
 		"amqp.caFile": c.AMQP.CAFile, "mysql.caFile": c.MySQL.CAFile,

@@ -75,6 +75,8 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		DrainTimeout:   cfg.AMQP.DrainTimeout,
 		PublishTimeout: 10 * time.Second,
 		MaxBackoff:     15 * time.Second,
+		GroupSize:      cfg.MySQL.GroupSize,
+		GroupConns:     cfg.MySQL.GroupConns,
 		Metrics:        m,
 		Events:         &trace.Recorder{DB: db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())},
 	}, orders, guard, log)

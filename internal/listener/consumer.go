@@ -48,6 +48,8 @@ type Config struct {
 	DrainTimeout   time.Duration // bound on finishing in-flight messages at shutdown
 	PublishTimeout time.Duration // bound on one retry/terminal publish and its confirm
 	MaxBackoff     time.Duration // cap on reconnect and dependency-wait backoff
+	GroupSize      int           // payments per transaction at most (order.Grouper); 1: one each
+	GroupConns     int           // payment transactions running at once when grouping
 
 	Metrics *metrics.Metrics // nil: an unregistered set
 	Events  *trace.Recorder  // nil: outcomes are only logged
@@ -61,6 +63,7 @@ type Consumer struct {
 	log    *zap.Logger
 	m      *metrics.Metrics
 
+	payer *order.Grouper // while Run runs, when grouping
 	ready atomic.Bool
 	// redisDownUntil (unix nanos) skips Redis for a while under OPEN after
 	// it failed, instead of paying a timeout on every message.
@@ -116,6 +119,13 @@ func (e *fatalError) Unwrap() error { return e.err }
 // error only when the first session fails for a reason reconnecting cannot
 // fix, such as a topology that does not match.
 func (c *Consumer) Run(ctx context.Context) error {
+	if c.cfg.GroupSize > 1 {
+		// Sessions drain their workers before they end, so no payment is
+		// waiting for a group when Run returns.
+		c.payer = c.orders.NewGrouper(c.cfg.GroupSize, c.cfg.GroupConns,
+			func(n int) { c.m.GroupSize.Observe(float64(n)) })
+		defer c.payer.Stop()
+	}
 	bo := broker.Backoff{Max: c.cfg.MaxBackoff}
 	first := true
 	for {
@@ -512,7 +522,11 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 		}
 	}
 
-	err = c.orders.Pay(ctx, p)
+	if c.payer != nil {
+		err = c.payer.Pay(ctx, p)
+	} else {
+		err = c.orders.Pay(ctx, p)
+	}
 	kind, _ := classify(err)
 	if err == nil {
 		fault.Point("after_commit")

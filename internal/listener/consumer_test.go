@@ -65,8 +65,10 @@ func TestTwoConsumersDuplicateStormAppliesOnce(t *testing.T) {
 		}
 	}
 	e.publish(msgs...)
-	e.start(e.redisAddr, e.dsn)
-	e.start(e.redisAddr, e.dsn)
+	// One consumer groups payments into shared transactions, the other runs
+	// each alone.
+	e.start(e.redisAddr, e.dsn, func(c *listener.Config) { c.Workers, c.Prefetch = 16, 32 })
+	e.start(e.redisAddr, e.dsn, func(c *listener.Config) { c.GroupSize = 1 })
 
 	e.waitResults(30*time.Second, func(r map[string]int) bool { return r["FIRST"]+r["DUPLICATE"] == orders*copies },
 		"not every delivery was settled")

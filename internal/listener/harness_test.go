@@ -122,6 +122,8 @@ func (e *env) start(redisAddr, dsn string, opts ...option) *consumer {
 		DrainTimeout:   10 * time.Second,
 		PublishTimeout: 5 * time.Second,
 		MaxBackoff:     500 * time.Millisecond,
+		GroupSize:      16, // as paysvc runs by default
+		GroupConns:     2,
 		Metrics:        e.metrics,
 	}
 	for _, o := range opts {

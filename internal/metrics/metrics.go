@@ -17,6 +17,7 @@ type Metrics struct {
 	Messages          *prometheus.CounterVec // result: FIRST, DUPLICATE, RETRY, TERMINAL, REQUEUE
 	Errors            *prometheus.CounterVec // class
 	Duration          prometheus.Histogram
+	GroupSize         prometheus.Histogram
 	Disagreements     *prometheus.CounterVec // kind: redis_new_db_applied, redis_done_db_unpaid
 	Degraded          prometheus.Gauge
 	Ready             prometheus.Gauge
@@ -41,6 +42,9 @@ func New() *Metrics {
 		Duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "paysvc_handle_duration_seconds", Help: "Time from delivery to broker action.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}),
+		GroupSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "paysvc_pay_group_size", Help: "Payments per database transaction (mysql.groupSize caps it).",
+			Buckets: []float64{1, 2, 4, 6, 8, 10, 15, 20, 30, 50}}),
 		Disagreements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paysvc_guard_disagreements_total",
 			Help: "Times Redis and the database disagreed: redis_new_db_applied (Redis said new, the database had applied it), redis_done_db_unpaid."},
@@ -65,7 +69,7 @@ func New() *Metrics {
 		ReconcileProblems: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_reconcile_problems", Help: "Problems the last scheduled reconciliation found."}),
 	}
-	r.MustRegister(m.Messages, m.Errors, m.Duration, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
+	r.MustRegister(m.Messages, m.Errors, m.Duration, m.GroupSize, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.ReconcileProblems,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, res := range []string{"FIRST", "DUPLICATE", "RETRY", "TERMINAL", "REQUEUE"} {

@@ -16,13 +16,16 @@ import (
 	"github.com/paysvc/paysvc/internal/sqldb"
 )
 
-// chainSQL is the payment in one round trip: the transaction's start, the
-// INIT→PAID CAS, then each next write only if the one before changed exactly
-// one row (ROW_COUNT() = 1): the PAY_DEDUCT flow, the conditional balance
-// update, the notice. The rows each statement changed come back together;
-// COMMIT follows only if every one is 1.
-const chainSQL = `START TRANSACTION;
-UPDATE t_order SET status = 'PAID', pay_time = CURRENT_TIMESTAMP(3)
+// chainSQL is the payment in one round trip: the transaction's start, then
+// chainBody.
+const chainSQL = "START TRANSACTION;\n" + chainBody
+
+// chainBody is one payment's writes: the INIT→PAID CAS, then each next write
+// only if the one before changed exactly one row (ROW_COUNT() = 1): the
+// PAY_DEDUCT flow, the conditional balance update, the notice. The rows each
+// statement changed come back together; COMMIT follows only if every one is
+// 1. If the CAS changes no row, no statement of the body changes anything.
+const chainBody = `UPDATE t_order SET status = 'PAID', pay_time = CURRENT_TIMESTAMP(3)
  WHERE order_no = ? AND status = 'INIT' AND user_id = ? AND amount = CAST(? AS DECIMAL(18,2));
 INSERT INTO t_account_flow (user_id, amount, biz_no, type, remark)
  SELECT ?, CAST(? AS DECIMAL(18,2)), ?, 'PAY_DEDUCT', ? FROM DUAL WHERE ROW_COUNT() = 1;
@@ -30,6 +33,20 @@ UPDATE t_account SET balance = balance - CAST(? AS DECIMAL(18,2))
  WHERE user_id = ? AND balance >= CAST(? AS DECIMAL(18,2)) AND ROW_COUNT() = 1;
 INSERT INTO t_outbox (event_type, biz_no, payload)
  SELECT ?, ?, ? FROM DUAL WHERE ROW_COUNT() = 1`
+
+// chainArgs appends chainBody's parameters for p to args.
+func chainArgs(args []driver.NamedValue, p Payment, now time.Time) []driver.NamedValue {
+	amount := p.Amount.String()
+	for _, v := range []any{
+		p.OrderNo, p.UserID, amount,
+		p.UserID, (-p.Amount).String(), p.OrderNo, "payment " + p.OrderNo,
+		amount, p.UserID, amount,
+		outbox.EventPaymentSucceeded, p.OrderNo, string(outbox.PaymentSucceeded(p.OrderNo, p.UserID, p.Amount, now)),
+	} {
+		args = append(args, driver.NamedValue{Ordinal: len(args) + 1, Value: v})
+	}
+	return args
+}
 
 // which of the chain's statements stopped it.
 type stop int
@@ -49,16 +66,7 @@ func (s *Store) payChained(ctx context.Context, p Payment) error {
 	if err != nil {
 		return fmt.Errorf("connection: %w", err)
 	}
-	amount := p.Amount.String()
-	args := []driver.NamedValue{}
-	for i, v := range []any{
-		p.OrderNo, p.UserID, amount,
-		p.UserID, (-p.Amount).String(), p.OrderNo, "payment " + p.OrderNo,
-		amount, p.UserID, amount,
-		outbox.EventPaymentSucceeded, p.OrderNo, string(outbox.PaymentSucceeded(p.OrderNo, p.UserID, p.Amount, time.Now())),
-	} {
-		args = append(args, driver.NamedValue{Ordinal: i + 1, Value: v})
-	}
+	args := chainArgs(nil, p, time.Now())
 	var opErr error
 	why := stopNone
 	rawErr := conn.Raw(func(dc any) error {

@@ -264,20 +264,18 @@ func TestPayRetriesLockWaitTimeoutInPlace(t *testing.T) {
 	}
 }
 
-// The connection dies as COMMIT is sent (the proxy drops it): Pay must say
-// the outcome is unknown, never success; here the server never saw COMMIT,
-// so nothing was applied.
-func TestPayReportsCommitUnknown(t *testing.T) {
-	t.Parallel()
-	dsn, db := testenv.MySQL(t)
-	seed(t, db, "CU1", 12, "1.00", "10.00")
+// commitCuttingDB is a pool to dsn's database through a proxy that drops
+// any packet carrying COMMIT, and the connection with it: the client never
+// hears back.
+func commitCuttingDB(t *testing.T, dsn string) *sqlx.DB {
+	t.Helper()
 	cfg, _ := mysql.ParseDSN(dsn)
 	upstream := cfg.Addr
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -314,8 +312,19 @@ func TestPayReportsCommitUnknown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cut.Close()
-	err = order.NewStore(cut).Pay(context.Background(), pay("CU1", 12, 100))
+	t.Cleanup(func() { cut.Close() })
+	return cut
+}
+
+// The connection dies as COMMIT is sent (the proxy drops it): Pay must say
+// the outcome is unknown, never success; here the server never saw COMMIT,
+// so nothing was applied.
+func TestPayReportsCommitUnknown(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	seed(t, db, "CU1", 12, "1.00", "10.00")
+	cut := commitCuttingDB(t, dsn)
+	err := order.NewStore(cut).Pay(context.Background(), pay("CU1", 12, 100))
 	if !errors.Is(err, sqldb.ErrCommitUnknown) {
 		t.Fatalf("Pay = %v, want ErrCommitUnknown", err)
 	}

@@ -1,0 +1,303 @@
+package order_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paysvc/paysvc/internal/account"
+	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/order"
+	"github.com/paysvc/paysvc/internal/sqldb"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+// mixedGroup seeds one order per case a group meets and returns the
+// payments, in an order that is not the group's lock order.
+func mixedGroup(t *testing.T, db *sqlx.DB) []order.Payment {
+	seed(t, db, "G1", 1, "10.00", "100.00")
+	seed(t, db, "G2", 2, "5.00", "100.00") // the message says 6.00: mismatch
+	seed(t, db, "G3", 3, "5.00", "1.00")   // not enough balance
+	seed(t, db, "G4", 1, "20.00", "100.00")
+	db.MustExec("UPDATE t_account SET balance = 100.00 WHERE user_id = 1")
+	seed(t, db, "G6", 4, "3.00", "100.00")
+	db.MustExec("UPDATE t_order SET status = 'PAID' WHERE order_no = 'G6'") // already paid
+	return []order.Payment{
+		pay("G4", 1, 2000), pay("G3", 3, 500), pay("G1", 1, 1000),
+		pay("G2", 2, 600), pay("G5", 5, 100) /* no such order */, pay("G6", 4, 300),
+	}
+}
+
+func outboxRows(t *testing.T, db *sqlx.DB) int {
+	t.Helper()
+	var n int
+	if err := db.Get(&n, "SELECT COUNT(*) FROM t_outbox"); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A group commits exactly the payments whose every statement changed one
+// row, and leaves the rest untouched: a mismatch, a missing or paid order
+// (the CAS changes nothing), and a payment the balance cannot cover (CAS and
+// flow done, balance refused: the group is rolled back and run without it).
+func TestPayGroupCommitsOnlyWholePayments(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	ps := mixedGroup(t, db)
+	applied, err := order.PayGroup(order.NewStore(db), context.Background(), ps)
+	if err != nil {
+		t.Fatalf("payGroup: %v", err)
+	}
+	if want := []bool{true, false, true, false, false, false}; !slices.Equal(applied, want) {
+		t.Fatalf("applied %v, want %v (G4 G3 G1 G2 G5 G6)", applied, want)
+	}
+	for _, c := range []struct {
+		no   string
+		user int64
+		want state
+	}{
+		{"G1", 1, state{order.Paid, 7000, 1, -1000}},
+		{"G4", 1, state{order.Paid, 7000, 1, -2000}},
+		{"G2", 2, state{order.Init, 10000, 0, 0}},
+		{"G3", 3, state{order.Init, 100, 0, 0}},
+		{"G6", 4, state{order.Paid, 10000, 0, 0}},
+	} {
+		if got := read(t, db, c.no, c.user); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.no, got, c.want)
+		}
+	}
+	if n := outboxRows(t, db); n != 2 {
+		t.Errorf("%d notices in the outbox, want 2", n)
+	}
+}
+
+// An error in the middle of a group (a flow already there for an unpaid
+// order, as a legacy path could leave it) rolls the whole group back: the
+// other payment is not applied either, and nothing says it was.
+func TestPayGroupErrorChangesNothing(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	seed(t, db, "E1", 1, "1.00", "10.00")
+	seed(t, db, "E2", 2, "2.00", "10.00")
+	db.MustExec("INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES (2, -2.00, 'E2', 'PAY_DEDUCT')")
+	applied, err := order.PayGroup(order.NewStore(db), context.Background(),
+		[]order.Payment{pay("E1", 1, 100), pay("E2", 2, 200)})
+	if err == nil || !sqldb.IsDuplicateKey(err) {
+		t.Fatalf("payGroup = %v, want the duplicate key error", err)
+	}
+	if slices.Contains(applied, true) {
+		t.Fatalf("applied %v after an error", applied)
+	}
+	if got, want := read(t, db, "E1", 1), (state{order.Init, 1000, 0, 0}); got != want {
+		t.Fatalf("E1: %+v, want %+v", got, want)
+	}
+	if n := outboxRows(t, db); n != 0 {
+		t.Fatalf("%d notices after a rolled-back group", n)
+	}
+}
+
+// The COMMIT of a group is lost: every payment in it has an unknown
+// outcome, never success.
+func TestPayGroupReportsCommitUnknown(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	seed(t, db, "U1", 1, "1.00", "10.00")
+	seed(t, db, "U2", 2, "1.00", "10.00")
+	applied, err := order.PayGroup(order.NewStore(commitCuttingDB(t, dsn)), context.Background(),
+		[]order.Payment{pay("U1", 1, 100), pay("U2", 2, 100), pay("U3", 3, 100)})
+	if !errors.Is(err, sqldb.ErrCommitUnknown) {
+		t.Fatalf("payGroup = %v, want ErrCommitUnknown", err)
+	}
+	if want := []bool{true, true, false}; !slices.Equal(applied, want) {
+		t.Fatalf("applied %v, want %v", applied, want)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return read(t, db, "U1", 1) == state{Status: order.Init, Balance: 1000}
+	}, "the uncommitted group is visible")
+}
+
+// together has g answer ps from one group: a first payment takes the only
+// committer and waits on a locked account while ps queue up behind it.
+// It returns each payment's answer and the sizes of the groups formed.
+func together(t *testing.T, db *sqlx.DB, size int, ps []order.Payment) ([]error, []int) {
+	t.Helper()
+	ctx := context.Background()
+	seed(t, db, "BLOCKER", 999, "1.00", "10.00")
+	lock, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback()
+	var one int
+	if err := lock.Get(&one, "SELECT 1 FROM t_account WHERE user_id = 999 FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var sizes []int
+	g := order.NewStore(db).NewGrouper(size, 1, func(n int) { mu.Lock(); sizes = append(sizes, n); mu.Unlock() })
+	defer func() { lock.Rollback(); g.Stop() }() // the lock first: Stop waits for the committer
+	blocked := make(chan error, 1)
+	go func() { blocked <- g.Pay(ctx, pay("BLOCKER", 999, 100)) }()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		var waits int
+		err := db.Get(&waits, `SELECT COUNT(*) FROM information_schema.processlist
+			WHERE db = DATABASE() AND info LIKE 'UPDATE t_account SET balance%user_id = 999%'`)
+		return err == nil && waits == 1
+	}, "the committer waits on the locked account")
+	errs := make([]error, len(ps))
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Go(func() { errs[i] = g.Pay(ctx, p) })
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return order.Waiting(g) == len(ps)+1 },
+		"every payment is queued")
+	if err := lock.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-blocked; err != nil {
+		t.Fatalf("blocker: %v", err)
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	return errs, sizes
+}
+
+// Through a Grouper each payment gets the answer Store.Pay would give it
+// alone, also when a group holds a duplicate of one of its own payments.
+func TestGrouperAnswersAsPayAlone(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	ps := append(mixedGroup(t, db), pay("G1", 1, 1000)) // G1 twice
+	errs, sizes := together(t, db, 10, ps)
+	if !slices.ContainsFunc(sizes, func(n int) bool { return n > 1 }) {
+		t.Fatalf("group sizes %v: no group formed", sizes)
+	}
+	wants := []error{nil, account.ErrInsufficientBalance, nil, order.ErrMismatch, order.ErrNotFound, order.ErrAlreadyPaid}
+	for i, want := range wants {
+		if p := ps[i]; p.OrderNo == "G1" {
+			continue
+		} else if want == nil && errs[i] != nil || want != nil && !errors.Is(errs[i], want) {
+			t.Errorf("%s: %v, want %v", p.OrderNo, errs[i], want)
+		}
+	}
+	// G1 twice: one applies it, the other is a duplicate.
+	g1 := []error{errs[2], errs[6]}
+	if !slices.Contains(g1, nil) || !slices.ContainsFunc(g1, func(e error) bool { return errors.Is(e, order.ErrAlreadyPaid) }) {
+		t.Errorf("G1 twice: %v, want one nil and one ErrAlreadyPaid", g1)
+	}
+	if got, want := read(t, db, "G1", 1), (state{order.Paid, 7000, 1, -1000}); got != want {
+		t.Errorf("G1: %+v, want %+v", got, want)
+	}
+	if n := outboxRows(t, db); n != 3 { // G1, G4 and the blocker
+		t.Errorf("%d notices, want 3", n)
+	}
+}
+
+// A group that fails before COMMIT is not the last word: each of its
+// payments is run alone and gets its own answer.
+func TestGrouperRunsEachAloneAfterAnError(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	seed(t, db, "E1", 1, "1.00", "10.00")
+	seed(t, db, "E2", 2, "2.00", "10.00")
+	db.MustExec("INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES (2, -2.00, 'E2', 'PAY_DEDUCT')")
+	errs, sizes := together(t, db, 10, []order.Payment{pay("E1", 1, 100), pay("E2", 2, 200)})
+	if !slices.Contains(sizes, 2) {
+		t.Fatalf("group sizes %v: E1 and E2 not grouped", sizes)
+	}
+	if errs[0] != nil {
+		t.Errorf("E1: %v, want applied alone", errs[0])
+	}
+	if !errors.Is(errs[1], account.ErrDuplicateFlow) {
+		t.Errorf("E2: %v, want ErrDuplicateFlow", errs[1])
+	}
+	if got, want := read(t, db, "E1", 1), (state{order.Paid, 900, 1, -100}); got != want {
+		t.Errorf("E1: %+v, want %+v", got, want)
+	}
+}
+
+// Many payments and their duplicates, from many goroutines at once, on a
+// few accounts: each order is paid once, each balance is exact, and no
+// payment is lost to a deadlock.
+func TestGrouperUnderLoad(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	const orders, users = 300, 7
+	want := map[int64]money.Cents{}
+	var ps []order.Payment
+	for i := range orders {
+		u := int64(i%users + 1)
+		amount := money.Cents(100 + i)
+		no := fmt.Sprintf("L%04d", i)
+		seed(t, db, no, u, amount.String(), "1000000.00")
+		want[u] += amount
+		ps = append(ps, pay(no, u, amount), pay(no, u, amount))
+	}
+	var mu sync.Mutex
+	grouped := 0
+	g := order.NewStore(db).NewGrouper(10, 3, func(n int) {
+		if n > 1 {
+			mu.Lock()
+			grouped++
+			mu.Unlock()
+		}
+	})
+	defer g.Stop()
+	work := make(chan order.Payment)
+	results := map[string][]error{}
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for p := range work {
+				err := g.Pay(context.Background(), p)
+				mu.Lock()
+				results[p.OrderNo] = append(results[p.OrderNo], err)
+				mu.Unlock()
+			}
+		})
+	}
+	for _, p := range ps {
+		work <- p
+	}
+	close(work)
+	wg.Wait()
+	for no, errs := range results {
+		applied, dup := 0, 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				applied++
+			case errors.Is(err, order.ErrAlreadyPaid):
+				dup++
+			default:
+				t.Errorf("%s: %v", no, err)
+			}
+		}
+		if applied != 1 || dup != 1 {
+			t.Errorf("%s: applied %d times, %d duplicates", no, applied, dup)
+		}
+	}
+	for u, spent := range want {
+		var balance money.Cents
+		if err := db.Get(&balance, "SELECT balance FROM t_account WHERE user_id = ?", u); err != nil {
+			t.Fatal(err)
+		}
+		if balance != 100000000-spent {
+			t.Errorf("user %d: balance %s, want %s", u, balance, 100000000-spent)
+		}
+	}
+	var flows int
+	db.Get(&flows, "SELECT COUNT(*) FROM t_account_flow")
+	if flows != orders {
+		t.Errorf("%d flows, want %d", flows, orders)
+	}
+	t.Logf("%d groups of more than one payment", grouped)
+}
