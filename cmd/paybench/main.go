@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -66,6 +67,7 @@ func main() {
 	flag.IntVar(&o.defaults.maxOpen, "conns", o.defaults.maxOpen, "mysql.maxOpenConns of the default run")
 	flag.IntVar(&o.defaults.groupSize, "group", o.defaults.groupSize, "mysql.groupSize of the default run")
 	flag.IntVar(&o.defaults.groupConns, "group-conns", o.defaults.groupConns, "mysql.groupConns of the default run")
+	rounds := flag.Int("rounds", 1, "repeat the best ceiling, default and article runs this many times, interleaved, and report medians")
 	flag.Parse()
 	mysql.SetLogger(log.New(io.Discard, "", 0))
 	ctx := context.Background()
@@ -119,7 +121,7 @@ func main() {
 		row("ceiling: Redis SET NX, 64 conns", redisRate, "")
 		ceiling = min(txBest, amqpRate, redisRate)
 	}
-	var peak float64
+	var peak, articleRate float64
 	if want("default") {
 		r, err := drain(ctx, o, "default", o.defaults, o.n, o.dup, 0)
 		if err != nil {
@@ -140,6 +142,12 @@ func main() {
 			extra = fmt.Sprintf("; default is %.1fx this", peak/r.rate)
 		}
 		row("article config (1 worker, prefetch 10)", r.rate, describe(r)+extra)
+		articleRate = r.rate
+	}
+	if *rounds > 1 && txBest > 0 && peak > 0 && articleRate > 0 {
+		if err := repeat(ctx, o, *rounds, round{txBest, peak, articleRate}, row); err != nil {
+			fail(err)
+		}
 	}
 	if want("hot") {
 		r, err := drain(ctx, o, "hot", o.defaults, o.n/2, o.dup, 1.0)
@@ -188,4 +196,53 @@ func serverVersions() string {
 		}
 	}
 	return strings.Join(parts, "; ")
+}
+
+// round is one interleaved measurement of the figures the targets compare.
+type round struct{ ceiling, paysvc, article float64 }
+
+// repeat measures n-1 more rounds after first, each the per-payment ceiling
+// (best of 16 and 32 connections), paysvc's defaults and the article's
+// configuration back to back, and prints the medians: on a shared machine a
+// single pass can land its phases in different weather.
+func repeat(ctx context.Context, o *options, n int, first round, row func(string, float64, string)) error {
+	rs := []round{first}
+	for i := 2; i <= n; i++ {
+		var r round
+		for _, conc := range []int{16, 32} {
+			rate, err := mysqlCeiling(ctx, o, conc, o.n/2, false)
+			if err != nil {
+				return err
+			}
+			r.ceiling = max(r.ceiling, rate)
+		}
+		d, err := drain(ctx, o, "default", o.defaults, o.n/2, o.dup, 0)
+		if err != nil {
+			return err
+		}
+		a, err := drain(ctx, o, "article", consumerConfig{workers: 1, prefetch: 10, maxOpen: 4, groupSize: o.defaults.groupSize, groupConns: 1}, o.n/8, o.dup, 0)
+		if err != nil {
+			return err
+		}
+		r.paysvc, r.article = d.rate, a.rate
+		row(fmt.Sprintf("round %d: ceiling %.0f, article %.0f; paysvc", i, r.ceiling, r.article), r.paysvc,
+			fmt.Sprintf("%.2fx the ceiling, %.1fx the article config", r.paysvc/r.ceiling, r.paysvc/r.article))
+		rs = append(rs, r)
+	}
+	med := func(f func(round) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		if len(v)%2 == 1 {
+			return v[len(v)/2]
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	row(fmt.Sprintf("median of %d rounds: ceiling %.0f, article %.0f; paysvc", len(rs), med(func(r round) float64 { return r.ceiling }),
+		med(func(r round) float64 { return r.article })), med(func(r round) float64 { return r.paysvc }),
+		fmt.Sprintf("%.2fx the ceiling, %.1fx the article config (medians of the per-round ratios)",
+			med(func(r round) float64 { return r.paysvc / r.ceiling }), med(func(r round) float64 { return r.paysvc / r.article })))
+	return nil
 }

@@ -234,6 +234,7 @@ func startConsumer(ctx context.Context, b *bed, o *options, cc consumerConfig, r
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{o.redisAddr},
 		DialTimeout: 2 * time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, PoolSize: cc.workers + 4})
 	guard := idem.New(rdb, idem.Config{KeyPrefix: b.prefix, TTL: 24 * time.Hour, Lease: 60 * time.Second})
+	stopPipe := guard.StartPipeline(2, 64) // as the daemon does
 	log := zap.New(rec)
 	c := listener.New(listener.Config{
 		URL: b.amqpURL, ConnectionName: "paybench", Prefetch: cc.prefetch, Workers: cc.workers,
@@ -249,6 +250,7 @@ func startConsumer(ctx context.Context, b *bed, o *options, cc consumerConfig, r
 	return func() {
 		cancel()
 		<-done
+		stopPipe()
 		rdb.Close()
 		db.Close()
 	}, nil

@@ -55,6 +55,8 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		TTL:       cfg.Idempotent.TTL,
 		Lease:     cfg.Idempotent.Lease,
 	})
+	// Claims and done marks of concurrent workers share round trips.
+	defer guard.StartPipeline(2, 64)()
 
 	host, _ := os.Hostname()
 	name := fmt.Sprintf("paysvc %s %s/%d", version, host, os.Getpid())

@@ -57,8 +57,9 @@ type Config struct {
 
 // Guard claims and marks order keys.
 type Guard struct {
-	rdb redis.UniversalClient
-	cfg Config
+	rdb  redis.UniversalClient
+	cfg  Config
+	pipe *pipeline // nil: one round trip per call
 }
 
 // New returns a Guard over rdb.
@@ -106,7 +107,16 @@ func (g *Guard) Claim(ctx context.Context, orderNo string) (State, Claim, error)
 
 func (g *Guard) claim(ctx context.Context, orderNo, token string) (State, Claim, error) {
 	c := Claim{Key: g.Key(orderNo), Token: token}
-	res, err := claimScript.Run(ctx, g.rdb, []string{c.Key}, token, g.cfg.Lease.Milliseconds()).Slice()
+	keys, lease := []string{c.Key}, g.cfg.Lease.Milliseconds()
+	cmd, err := do(ctx, g, func(p redis.Pipeliner) *redis.Cmd { return claimScript.EvalSha(ctx, p, keys, token, lease) })
+	if isNoScript(err) {
+		cmd = claimScript.Run(ctx, g.rdb, keys, token, lease) // loads it
+		err = cmd.Err()
+	}
+	if err != nil {
+		return 0, c, fmt.Errorf("idem claim %s: %w", c.Key, err)
+	}
+	res, err := cmd.Slice()
 	if err != nil {
 		return 0, c, fmt.Errorf("idem claim %s: %w", c.Key, err)
 	}
@@ -132,7 +142,8 @@ func (g *Guard) claim(ctx context.Context, orderNo, token string) (State, Claim,
 // Done marks the order's payment committed, for the long TTL. Call it only
 // after the database transaction committed (or proved the payment applied).
 func (g *Guard) Done(ctx context.Context, orderNo string) error {
-	if err := g.rdb.Set(ctx, g.Key(orderNo), doneValue, g.cfg.TTL).Err(); err != nil {
+	key := g.Key(orderNo)
+	if _, err := do(ctx, g, func(p redis.Pipeliner) *redis.StatusCmd { return p.Set(ctx, key, doneValue, g.cfg.TTL) }); err != nil {
 		return fmt.Errorf("idem done %s: %w", g.Key(orderNo), err)
 	}
 	return nil

@@ -2,6 +2,9 @@ package idem
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,7 +20,19 @@ func newGuard(t *testing.T, lease time.Duration) (*Guard, *redis.Client) {
 
 func TestClaimDoneRelease(t *testing.T) {
 	t.Parallel()
-	g, rdb := newGuard(t, time.Minute)
+	for _, pipelined := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pipelined=%v", pipelined), func(t *testing.T) {
+			t.Parallel()
+			g, rdb := newGuard(t, time.Minute)
+			if pipelined {
+				t.Cleanup(g.StartPipeline(1, 8))
+			}
+			testClaimDoneRelease(t, g, rdb)
+		})
+	}
+}
+
+func testClaimDoneRelease(t *testing.T, g *Guard, rdb *redis.Client) {
 	ctx := context.Background()
 
 	st, c, err := g.Claim(ctx, "P1")
@@ -90,5 +105,111 @@ func TestClaimErrorWhenRedisDown(t *testing.T) {
 	g := New(rdb, Config{KeyPrefix: "x:", TTL: time.Hour, Lease: time.Second})
 	if _, _, err := g.Claim(context.Background(), "P4"); err == nil {
 		t.Fatal("claim against a closed port succeeded")
+	}
+}
+
+// pipelineSizes records how many claims each pipeline rdb sends carries; while hold is
+// open, the first pipeline waits in the hook.
+type pipelineSizes struct {
+	mu    sync.Mutex
+	sizes []int
+	hold  chan struct{}
+	held  chan struct{}
+}
+
+func (h *pipelineSizes) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *pipelineSizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *pipelineSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		claims := 0
+		for _, c := range cmds {
+			if c.Name() == "evalsha" {
+				claims++
+			}
+		}
+		if claims == 0 {
+			return next(ctx, cmds) // the client's own (HELLO on a new connection)
+		}
+		h.mu.Lock()
+		h.sizes = append(h.sizes, claims)
+		first := len(h.sizes) == 1
+		h.mu.Unlock()
+		if first {
+			close(h.held)
+			<-h.hold
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// Claims and done marks made at the same moment share a pipeline, and each
+// still gets its own answer: of two claims of one order, one holds it and
+// the other finds it in flight.
+func TestPipelinedClaimsShareARoundTrip(t *testing.T) {
+	t.Parallel()
+	g, rdb := newGuard(t, time.Minute)
+	h := &pipelineSizes{hold: make(chan struct{}), held: make(chan struct{})}
+	rdb.AddHook(h)
+	stop := g.StartPipeline(1, 64)
+	defer stop()
+	ctx := context.Background()
+
+	first := make(chan State, 1)
+	go func() { st, _, _ := g.Claim(ctx, "first"); first <- st }()
+	<-h.held // the only pipeline is busy: the next claims queue up
+	const orders = 20
+	states := make([][2]State, orders)
+	var wg sync.WaitGroup
+	for i := range orders {
+		for j := range 2 {
+			wg.Go(func() {
+				st, _, err := g.Claim(ctx, fmt.Sprintf("O%d", i))
+				if err != nil {
+					t.Error(err)
+				}
+				states[i][j] = st
+			})
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return g.pipe.waiting.Load() == 2*orders+1 },
+		"the claims are queued")
+	close(h.hold)
+	wg.Wait()
+	if st := <-first; st != Claimed {
+		t.Fatalf("first claim: %v", st)
+	}
+	for i, st := range states {
+		if !(st == [2]State{Claimed, InFlight} || st == [2]State{InFlight, Claimed}) {
+			t.Errorf("order O%d: claims %v, want one claimed and one in flight", i, st)
+		}
+	}
+	h.mu.Lock()
+	sizes := slices.Clone(h.sizes)
+	h.mu.Unlock()
+	if len(sizes) < 2 || slices.Max(sizes[1:]) < 2 {
+		t.Fatalf("pipeline sizes %v: the queued claims did not share one", sizes)
+	}
+	for i := range orders {
+		if err := g.Done(ctx, fmt.Sprintf("O%d", i)); err != nil {
+			t.Fatal(err)
+		}
+		if st, _, _ := g.Claim(ctx, fmt.Sprintf("O%d", i)); st != Done {
+			t.Fatalf("O%d after Done: %v", i, st)
+		}
+	}
+}
+
+// A Redis that lost its scripts (restart, SCRIPT FLUSH) answers a pipelined
+// EVALSHA with NOSCRIPT: the claim loads the script and goes on.
+func TestPipelinedClaimAfterScriptFlush(t *testing.T) {
+	t.Parallel()
+	g, rdb := newGuard(t, time.Minute)
+	defer g.StartPipeline(1, 8)()
+	ctx := context.Background()
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, err := g.Claim(ctx, "F1"); st != Claimed || err != nil {
+		t.Fatalf("claim after SCRIPT FLUSH = %v, %v; want claimed", st, err)
 	}
 }

@@ -140,6 +140,7 @@ func (e *env) start(redisAddr, dsn string, opts ...option) *consumer {
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: 1})
 	e.t.Cleanup(func() { rdb.Close() })
 	guard := idem.New(rdb, idem.Config{KeyPrefix: e.prefix, TTL: time.Hour, Lease: 5 * time.Second})
+	e.t.Cleanup(guard.StartPipeline(2, 64)) // as the daemon does; runs after the consumer's stop
 	c := listener.New(cfg, order.NewStore(db), guard, e.log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
