@@ -39,6 +39,7 @@ type options struct {
 	defaults                     consumerConfig
 	cpuProfile                   string
 	heapTrace                    bool
+	noPipeline                   bool
 }
 
 func env(k, def string) string {
@@ -67,6 +68,7 @@ func main() {
 	flag.IntVar(&o.defaults.maxOpen, "conns", o.defaults.maxOpen, "mysql.maxOpenConns of the default run")
 	flag.IntVar(&o.defaults.groupSize, "group", o.defaults.groupSize, "mysql.groupSize of the default run")
 	flag.IntVar(&o.defaults.groupConns, "group-conns", o.defaults.groupConns, "mysql.groupConns of the default run")
+	flag.BoolVar(&o.noPipeline, "no-redis-pipeline", false, "one Redis round trip per claim and done mark (comparison)")
 	rounds := flag.Int("rounds", 1, "repeat the best ceiling, default and article runs this many times, interleaved, and report medians")
 	flag.Parse()
 	mysql.SetLogger(log.New(io.Discard, "", 0))

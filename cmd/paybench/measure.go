@@ -234,15 +234,20 @@ func startConsumer(ctx context.Context, b *bed, o *options, cc consumerConfig, r
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{o.redisAddr},
 		DialTimeout: 2 * time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, PoolSize: cc.workers + 4})
 	guard := idem.New(rdb, idem.Config{KeyPrefix: b.prefix, TTL: 24 * time.Hour, Lease: 60 * time.Second})
-	stopPipe := guard.StartPipeline(2, 64) // as the daemon does
+	stopPipe := func() {}
+	if !o.noPipeline {
+		stopPipe = guard.StartPipeline(2, 64) // as the daemon does
+	}
 	log := zap.New(rec)
+	events := &trace.Recorder{DB: db, Instance: "paybench"}
+	stopEvents := events.Start(2, 64) // as the daemon does
 	c := listener.New(listener.Config{
 		URL: b.amqpURL, ConnectionName: "paybench", Prefetch: cc.prefetch, Workers: cc.workers,
 		Retry:         listener.RetryPolicy{Delays: delays, MaxAttempts: 5},
 		RedisFallback: listener.FallbackClosed, HandleTimeout: 30 * time.Second, DrainTimeout: 30 * time.Second,
 		PublishTimeout: 10 * time.Second, MaxBackoff: 15 * time.Second, Metrics: metrics.New(),
 		GroupSize: cc.groupSize, GroupConns: cc.groupConns,
-		Events: &trace.Recorder{DB: db, Instance: "paybench"},
+		Events: events,
 	}, order.NewStore(db), guard, log)
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -251,6 +256,7 @@ func startConsumer(ctx context.Context, b *bed, o *options, cc consumerConfig, r
 		cancel()
 		<-done
 		stopPipe()
+		stopEvents()
 		rdb.Close()
 		db.Close()
 	}, nil

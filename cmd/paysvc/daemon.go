@@ -63,6 +63,8 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	m := metrics.New()
 	orders := order.NewStore(db)
 	deadLetters := deadletter.NewStore(db)
+	events := &trace.Recorder{DB: db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())}
+	defer events.Start(2, 64)() // outcomes recorded at once share an INSERT
 	consumer := listener.New(listener.Config{
 		URL:            cfg.AMQP.URL,
 		TLS:            amqpTLS,
@@ -80,7 +82,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		GroupSize:      cfg.MySQL.GroupSize,
 		GroupConns:     cfg.MySQL.GroupConns,
 		Metrics:        m,
-		Events:         &trace.Recorder{DB: db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())},
+		Events:         events,
 	}, orders, guard, log)
 
 	// Helpers stop when the consumer has drained, not before.

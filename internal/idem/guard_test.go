@@ -171,7 +171,7 @@ func TestPipelinedClaimsShareARoundTrip(t *testing.T) {
 			})
 		}
 	}
-	testenv.Eventually(t, 10*time.Second, func() bool { return g.pipe.waiting.Load() == 2*orders+1 },
+	testenv.Eventually(t, 10*time.Second, func() bool { return g.pipe.calls.Waiting() == 2*orders },
 		"the claims are queued")
 	close(h.hold)
 	wg.Wait()

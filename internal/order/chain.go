@@ -72,7 +72,11 @@ func (s *Store) payChained(ctx context.Context, p Payment) error {
 	rawErr := conn.Raw(func(dc any) error {
 		ex := dc.(driver.ExecerContext)
 		rollback := func() error {
-			if _, err := ex.ExecContext(context.WithoutCancel(ctx), "ROLLBACK", nil); err != nil {
+			// Even when ctx is done, but bounded: a black-holed connection
+			// must not hold the caller (or a whole group) forever.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if _, err := ex.ExecContext(rctx, "ROLLBACK", nil); err != nil {
 				return driver.ErrBadConn // discard the connection: its state is unknown
 			}
 			return nil

@@ -9,12 +9,11 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/paysvc/paysvc/internal/batch"
 	"github.com/paysvc/paysvc/internal/fault"
 	"github.com/paysvc/paysvc/internal/sqldb"
 )
@@ -37,11 +36,8 @@ import (
 type Grouper struct {
 	s       *Store
 	size    int
-	reqs    chan *request
-	quit    chan struct{}
-	wg      sync.WaitGroup
+	groups  *batch.Collector[*request] // nil: one transaction per payment
 	observe func(n int)
-	waiting atomic.Int32 // Pay calls not yet answered
 }
 
 type request struct {
@@ -57,11 +53,9 @@ var errAlone = errors.New("not applied in a group: run alone")
 // payments into one transaction. observe, if not nil, is told each group's
 // size. Stop ends them. With size 1 no committer starts and Pay is Store.Pay.
 func (s *Store) NewGrouper(size, conns int, observe func(n int)) *Grouper {
-	g := &Grouper{s: s, size: size, reqs: make(chan *request), quit: make(chan struct{}), observe: observe}
+	g := &Grouper{s: s, size: size, observe: observe}
 	if size > 1 {
-		for range max(conns, 1) {
-			g.wg.Go(g.commit)
-		}
+		g.groups = batch.Start(max(conns, 1), size, g.commit)
 	}
 	return g
 }
@@ -69,73 +63,54 @@ func (s *Store) NewGrouper(size, conns int, observe func(n int)) *Grouper {
 // Stop lets each committer finish its group and waits for them. A Pay after
 // Stop runs alone.
 func (g *Grouper) Stop() {
-	close(g.quit)
-	g.wg.Wait()
+	if g.groups != nil {
+		g.groups.Stop()
+	}
 }
 
 // Pay applies p, in a group with other payments waiting at the same moment
 // when there are any; it returns what Store.Pay returns.
 func (g *Grouper) Pay(ctx context.Context, p Payment) error {
-	if g.size <= 1 {
-		return g.s.Pay(ctx, p)
-	}
 	r := &request{ctx: ctx, p: p, done: make(chan error, 1)}
-	g.waiting.Add(1)
-	defer g.waiting.Add(-1)
-	select {
-	case g.reqs <- r:
-	case <-g.quit:
+	taken, err := g.groups.Send(ctx, r)
+	switch {
+	case err != nil:
+		return fmt.Errorf("order %s: pay: %w", p.OrderNo, err)
+	case !taken:
 		return g.s.Pay(ctx, p)
-	case <-ctx.Done():
-		return fmt.Errorf("order %s: pay: %w", p.OrderNo, ctx.Err())
 	}
 	// A committer that took r always answers, within the group's deadline
 	// (the earliest of its payments' deadlines).
-	err := <-r.done
+	err = <-r.done
 	if errors.Is(err, errAlone) {
 		return g.s.Pay(ctx, p)
 	}
 	return err
 }
 
-// commit takes a waiting payment, then whatever else is waiting up to size,
-// and runs them as one group, until Stop.
-func (g *Grouper) commit() {
-	batch := make([]*request, 0, g.size)
-	for {
-		select {
-		case <-g.quit:
-			return
-		case r := <-g.reqs:
-			batch = append(batch[:0], r)
-		}
-	fill:
-		for len(batch) < g.size {
-			select {
-			case r := <-g.reqs:
-				batch = append(batch, r)
-			default:
-				break fill
-			}
-		}
-		if g.observe != nil {
-			g.observe(len(batch))
-		}
-		if len(batch) == 1 {
-			r := batch[0]
-			r.done <- g.s.Pay(r.ctx, r.p)
-			continue
-		}
-		g.run(batch)
+// commit runs one group of waiting payments; one alone is simply paid.
+func (g *Grouper) commit(batch []*request) {
+	if g.observe != nil {
+		g.observe(len(batch))
 	}
+	if len(batch) == 1 {
+		r := batch[0]
+		r.done <- g.s.Pay(r.ctx, r.p)
+		return
+	}
+	g.run(batch)
 }
 
 // run commits one group and answers each of its payments. A deadlock, lock
 // wait timeout or lost connection retries the group once; after that, and
 // after any other error before COMMIT, each payment runs alone.
 func (g *Grouper) run(batch []*request) {
-	// Every group takes its rows in the same order (account, then order),
-	// so two groups cannot wait on each other in a cycle.
+	// Every group takes its rows in the same order, by user then order
+	// number (each chain locks its order row, then the user's account), so
+	// two groups cannot wait on each other in a cycle. The group's deadline
+	// is the earliest of its payments': a payment close to its own deadline
+	// cuts the group short, and every payment then runs alone or, if COMMIT
+	// was cut, is requeued.
 	slices.SortFunc(batch, func(a, b *request) int {
 		return cmp.Or(cmp.Compare(a.p.UserID, b.p.UserID), strings.Compare(a.p.OrderNo, b.p.OrderNo))
 	})
@@ -146,10 +121,11 @@ func (g *Grouper) run(batch []*request) {
 		}
 	}
 	ctx, cancel := context.WithCancel(batch[0].ctx)
-	if ok {
-		ctx, cancel = context.WithDeadline(batch[0].ctx, deadline)
-	}
 	defer cancel()
+	if ok {
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
 	ps := make([]Payment, len(batch))
 	for i, r := range batch {
 		ps[i] = r.p
@@ -206,7 +182,11 @@ func (s *Store) payGroup(ctx context.Context, ps []Payment) (applied []bool, err
 	rawErr := conn.Raw(func(dc any) error {
 		ex := dc.(driver.ExecerContext)
 		rollback := func() error {
-			if _, err := ex.ExecContext(context.WithoutCancel(ctx), "ROLLBACK", nil); err != nil {
+			// Even when ctx is done, but bounded: a black-holed connection
+			// must not hold the caller (or a whole group) forever.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if _, err := ex.ExecContext(rctx, "ROLLBACK", nil); err != nil {
 				return driver.ErrBadConn // discard the connection: its state is unknown
 			}
 			return nil

@@ -123,10 +123,11 @@ func TestPayGroupReportsCommitUnknown(t *testing.T) {
 	}, "the uncommitted group is visible")
 }
 
-// together has g answer ps from one group: a first payment takes the only
-// committer and waits on a locked account while ps queue up behind it.
-// It returns each payment's answer and the sizes of the groups formed.
-func together(t *testing.T, db *sqlx.DB, size int, ps []order.Payment) ([]error, []int) {
+// together has a Grouper over store answer ps from one group: a first
+// payment takes the only committer and waits on an account locked through
+// db while ps queue up behind it. It returns each payment's answer, the
+// sizes of the groups formed and the first payment's answer.
+func together(t *testing.T, db *sqlx.DB, store *order.Store, size int, ps []order.Payment) ([]error, []int, error) {
 	t.Helper()
 	ctx := context.Background()
 	seed(t, db, "BLOCKER", 999, "1.00", "10.00")
@@ -141,7 +142,7 @@ func together(t *testing.T, db *sqlx.DB, size int, ps []order.Payment) ([]error,
 	}
 	var mu sync.Mutex
 	var sizes []int
-	g := order.NewStore(db).NewGrouper(size, 1, func(n int) { mu.Lock(); sizes = append(sizes, n); mu.Unlock() })
+	g := store.NewGrouper(size, 1, func(n int) { mu.Lock(); sizes = append(sizes, n); mu.Unlock() })
 	defer func() { lock.Rollback(); g.Stop() }() // the lock first: Stop waits for the committer
 	blocked := make(chan error, 1)
 	go func() { blocked <- g.Pay(ctx, pay("BLOCKER", 999, 100)) }()
@@ -156,18 +157,16 @@ func together(t *testing.T, db *sqlx.DB, size int, ps []order.Payment) ([]error,
 	for i, p := range ps {
 		wg.Go(func() { errs[i] = g.Pay(ctx, p) })
 	}
-	testenv.Eventually(t, 10*time.Second, func() bool { return order.Waiting(g) == len(ps)+1 },
+	testenv.Eventually(t, 10*time.Second, func() bool { return order.Waiting(g) == len(ps) },
 		"every payment is queued")
 	if err := lock.Rollback(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-blocked; err != nil {
-		t.Fatalf("blocker: %v", err)
-	}
+	blockerErr := <-blocked
 	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()
-	return errs, sizes
+	return errs, sizes, blockerErr
 }
 
 // Through a Grouper each payment gets the answer Store.Pay would give it
@@ -176,7 +175,10 @@ func TestGrouperAnswersAsPayAlone(t *testing.T) {
 	t.Parallel()
 	_, db := testenv.MySQL(t)
 	ps := append(mixedGroup(t, db), pay("G1", 1, 1000)) // G1 twice
-	errs, sizes := together(t, db, 10, ps)
+	errs, sizes, blocker := together(t, db, order.NewStore(db), 10, ps)
+	if blocker != nil {
+		t.Fatalf("blocker: %v", blocker)
+	}
 	if !slices.ContainsFunc(sizes, func(n int) bool { return n > 1 }) {
 		t.Fatalf("group sizes %v: no group formed", sizes)
 	}
@@ -209,7 +211,10 @@ func TestGrouperRunsEachAloneAfterAnError(t *testing.T) {
 	seed(t, db, "E1", 1, "1.00", "10.00")
 	seed(t, db, "E2", 2, "2.00", "10.00")
 	db.MustExec("INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES (2, -2.00, 'E2', 'PAY_DEDUCT')")
-	errs, sizes := together(t, db, 10, []order.Payment{pay("E1", 1, 100), pay("E2", 2, 200)})
+	errs, sizes, blocker := together(t, db, order.NewStore(db), 10, []order.Payment{pay("E1", 1, 100), pay("E2", 2, 200)})
+	if blocker != nil {
+		t.Fatalf("blocker: %v", blocker)
+	}
 	if !slices.Contains(sizes, 2) {
 		t.Fatalf("group sizes %v: E1 and E2 not grouped", sizes)
 	}
@@ -221,6 +226,25 @@ func TestGrouperRunsEachAloneAfterAnError(t *testing.T) {
 	}
 	if got, want := read(t, db, "E1", 1), (state{order.Paid, 900, 1, -100}); got != want {
 		t.Errorf("E1: %+v, want %+v", got, want)
+	}
+}
+
+// A group whose COMMIT is lost answers every payment in it "outcome
+// unknown" (requeue, never ack), not success and not "run alone".
+func TestGrouperReportsCommitUnknown(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	seed(t, db, "U1", 1, "1.00", "10.00")
+	seed(t, db, "U2", 2, "1.00", "10.00")
+	errs, sizes, _ := together(t, db, order.NewStore(commitCuttingDB(t, dsn)), 10,
+		[]order.Payment{pay("U1", 1, 100), pay("U2", 2, 100)})
+	if !slices.Contains(sizes, 2) {
+		t.Fatalf("group sizes %v: U1 and U2 not grouped", sizes)
+	}
+	for i, err := range errs {
+		if !errors.Is(err, sqldb.ErrCommitUnknown) {
+			t.Errorf("payment %d: %v, want ErrCommitUnknown", i, err)
+		}
 	}
 }
 
