@@ -47,6 +47,7 @@ clean:
 
 # Throughput and latency against the real servers, with the ceilings measured
 # in the same run (a benchmark, not a test). Figures in README.
+BENCHFLAGS ?= -n 20000 -rounds 5
 bench: services
 	$(GO) build -o bin/paybench ./cmd/paybench
 	bin/paybench $(BENCHFLAGS)

@@ -354,7 +354,7 @@ func percentiles(ds []time.Duration) (p50, p99, p999 time.Duration) {
 
 // openLoop publishes at a fixed rate for d and measures each payment from
 // publish to commit (t_order.pay_time), the latency a producer sees.
-func openLoop(ctx context.Context, o *options, rate float64, d time.Duration) (p50, p99, p999 time.Duration, err error) {
+func openLoop(ctx context.Context, o *options, rate float64, d time.Duration) (p50, p99, p999, handlingP99 time.Duration, err error) {
 	b, err := newBed(ctx, o, "open")
 	if err != nil {
 		return
@@ -420,5 +420,9 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration) (p
 		lat = append(lat, max(r.PayTime.Sub(sent[idx[r.OrderNo]]), 0))
 	}
 	p50, p99, p999 = percentiles(lat)
+	rec.mu.Lock()
+	_, hp99, _ := percentiles(rec.durs)
+	rec.mu.Unlock()
+	handlingP99 = hp99
 	return
 }

@@ -13,6 +13,21 @@ import (
 // BenchmarkPay runs the payment transaction against the real MariaDB, with
 // GOMAXPROCS×8 goroutines: go test -bench Pay -benchtime 5000x ./internal/order/
 func BenchmarkPay(b *testing.B) {
+	benchPayments(b, func(store *order.Store) (func(context.Context, order.Payment) error, func()) {
+		return store.Pay, func() {}
+	})
+}
+
+// BenchmarkGrouperPay is BenchmarkPay through paysvc's default grouping
+// (groups of up to 16 on 2 connections).
+func BenchmarkGrouperPay(b *testing.B) {
+	benchPayments(b, func(store *order.Store) (func(context.Context, order.Payment) error, func()) {
+		g := store.NewGrouper(16, 2, nil)
+		return g.Pay, g.Stop
+	})
+}
+
+func benchPayments(b *testing.B, payer func(*order.Store) (pay func(context.Context, order.Payment) error, stop func())) {
 	_, db := testenv.MySQL(b)
 	db.SetMaxOpenConns(64)
 	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 100000000.00), (2, 100000000.00), (3, 100000000.00), (4, 100000000.00)")
@@ -27,14 +42,15 @@ func BenchmarkPay(b *testing.B) {
 		}
 		db.MustExec(q)
 	}
-	store := order.NewStore(db)
+	pay, stop := payer(order.NewStore(db))
+	defer stop()
 	var next atomic.Int64
 	b.SetParallelism(8)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			i := next.Add(1) - 1
-			if err := store.Pay(context.Background(), order.Payment{OrderNo: fmt.Sprintf("B%d", i), UserID: i%4 + 1, Amount: 100}); err != nil {
+			if err := pay(context.Background(), order.Payment{OrderNo: fmt.Sprintf("B%d", i), UserID: i%4 + 1, Amount: 100}); err != nil {
 				b.Error(err)
 			}
 		}

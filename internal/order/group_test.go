@@ -325,3 +325,51 @@ func TestGrouperUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d groups of more than one payment", grouped)
 }
+
+// A group writes its payments in (user, order) order whatever order they
+// came in, so that two groups take their row locks in the same order and
+// cannot wait on each other in a cycle. The flows' ids show the order.
+func TestGrouperWritesInLockOrder(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	ps := []order.Payment{pay("C", 3, 100), pay("B", 1, 100), pay("D", 2, 100), pay("A", 1, 100)}
+	for _, p := range ps {
+		seed(t, db, p.OrderNo, p.UserID, "1.00", "10.00")
+	}
+	errs, sizes, blocker := together(t, db, order.NewStore(db), 10, ps)
+	if blocker != nil || slices.ContainsFunc(errs, func(e error) bool { return e != nil }) {
+		t.Fatalf("blocker %v, payments %v", blocker, errs)
+	}
+	if !slices.Contains(sizes, len(ps)) {
+		t.Fatalf("group sizes %v: the payments were not grouped", sizes)
+	}
+	var got []string
+	if err := db.Select(&got, "SELECT biz_no FROM t_account_flow WHERE biz_no <> 'BLOCKER' ORDER BY id"); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"A", "B", "D", "C"}; !slices.Equal(got, want) {
+		t.Fatalf("flows written in order %v, want %v", got, want)
+	}
+}
+
+// A group none of whose payments could be applied leaves no transaction
+// open on the connection it gives back to the pool.
+func TestPayGroupOfNothingClosesItsTransaction(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	db.SetMaxOpenConns(1) // the next query gets the group's connection
+	seed(t, db, "N1", 1, "1.00", "10.00")
+	db.MustExec("UPDATE t_order SET status = 'PAID' WHERE order_no = 'N1'")
+	applied, err := order.PayGroup(order.NewStore(db), context.Background(),
+		[]order.Payment{pay("N1", 1, 100), pay("N2", 2, 100)})
+	if err != nil || slices.Contains(applied, true) {
+		t.Fatalf("payGroup = %v, %v; want nothing applied, no error", applied, err)
+	}
+	var open int
+	if err := db.Get(&open, "SELECT @@in_transaction"); err != nil {
+		t.Fatal(err)
+	}
+	if open != 0 {
+		t.Fatal("the group's transaction is still open on the pooled connection")
+	}
+}
