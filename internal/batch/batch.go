@@ -80,3 +80,20 @@ func (c *Collector[T]) Stop() {
 	c.stop.Do(func() { close(c.quit) })
 	c.wg.Wait()
 }
+
+// Context is the context a batch runs under: the first request's context,
+// bounded by the earliest deadline among all of them (of gives a request's
+// context), so that no request waits past its own deadline.
+func Context[T any](batch []T, of func(T) context.Context) (context.Context, context.CancelFunc) {
+	ctx := of(batch[0])
+	deadline, ok := ctx.Deadline()
+	for _, r := range batch[1:] {
+		if d, has := of(r).Deadline(); has && (!ok || d.Before(deadline)) {
+			deadline, ok = d, true
+		}
+	}
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, deadline)
+}

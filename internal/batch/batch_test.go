@@ -92,3 +92,31 @@ func TestCollectorSendNotTaken(t *testing.T) {
 		t.Errorf("nil collector Send = %v, %v", taken, err)
 	}
 }
+
+// A batch runs under the earliest deadline among its requests, and ends
+// when the first request's context ends.
+func TestContextTakesTheEarliestDeadline(t *testing.T) {
+	now := time.Now()
+	first, cancelFirst := context.WithCancel(context.Background())
+	late, c1 := context.WithDeadline(context.Background(), now.Add(time.Hour))
+	defer c1()
+	early, c2 := context.WithDeadline(context.Background(), now.Add(time.Minute))
+	defer c2()
+	ctx, cancel := Context([]context.Context{first, late, early, context.Background()},
+		func(c context.Context) context.Context { return c })
+	defer cancel()
+	if d, ok := ctx.Deadline(); !ok || !d.Equal(now.Add(time.Minute)) {
+		t.Fatalf("deadline %v, %v; want the earliest, %v", d, ok, now.Add(time.Minute))
+	}
+	cancelFirst()
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the batch's context outlived the first request's")
+	}
+	none, cancelNone := Context([]context.Context{context.Background()}, func(c context.Context) context.Context { return c })
+	defer cancelNone()
+	if _, ok := none.Deadline(); ok {
+		t.Fatal("a deadline from requests that have none")
+	}
+}

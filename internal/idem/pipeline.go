@@ -63,16 +63,8 @@ func do[C redis.Cmder](ctx context.Context, g *Guard, add func(redis.Pipeliner) 
 
 // exec sends one pipeline, bounded by the earliest deadline among its calls.
 func (p *pipeline) exec(calls []*call) {
-	ctx := context.WithoutCancel(calls[0].ctx)
-	for _, c := range calls {
-		if d, ok := c.ctx.Deadline(); ok {
-			if cur, has := ctx.Deadline(); !has || d.Before(cur) {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithDeadline(ctx, d)
-				defer cancel()
-			}
-		}
-	}
+	ctx, cancel := batch.Context(calls, func(c *call) context.Context { return c.ctx })
+	defer cancel()
 	pipe := p.rdb.Pipeline()
 	for _, c := range calls {
 		c.cmd = c.add(pipe)

@@ -71,16 +71,7 @@ func (s *Store) payChained(ctx context.Context, p Payment) error {
 	why := stopNone
 	rawErr := conn.Raw(func(dc any) error {
 		ex := dc.(driver.ExecerContext)
-		rollback := func() error {
-			// Even when ctx is done, but bounded: a black-holed connection
-			// must not hold the caller (or a whole group) forever.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if _, err := ex.ExecContext(rctx, "ROLLBACK", nil); err != nil {
-				return driver.ErrBadConn // discard the connection: its state is unknown
-			}
-			return nil
-		}
+		rollback := func() error { return rollbackOn(ctx, ex) }
 		res, err := ex.ExecContext(ctx, chainSQL, args)
 		if err != nil {
 			opErr = err
@@ -140,6 +131,19 @@ func (s *Store) payChained(ctx context.Context, p Payment) error {
 		return fmt.Errorf("deduct %s: user %d, amount %s: %w", p.OrderNo, p.UserID, p.Amount, account.ErrInsufficientBalance)
 	case why == stopOther:
 		return errors.New("payment chain: a statement changed no row")
+	}
+	return nil
+}
+
+// rollbackOn rolls back the transaction open on a raw connection, even when
+// ctx is done, but bounded: a black-holed connection must not hold the
+// caller (or a whole group) forever. driver.ErrBadConn, returned from
+// sql.Conn.Raw, discards a connection whose state is unknown.
+func rollbackOn(ctx context.Context, ex driver.ExecerContext) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := ex.ExecContext(rctx, "ROLLBACK", nil); err != nil {
+		return driver.ErrBadConn
 	}
 	return nil
 }

@@ -89,51 +89,41 @@ func (g *Grouper) Pay(ctx context.Context, p Payment) error {
 }
 
 // commit runs one group of waiting payments; one alone is simply paid.
-func (g *Grouper) commit(batch []*request) {
+func (g *Grouper) commit(reqs []*request) {
 	if g.observe != nil {
-		g.observe(len(batch))
+		g.observe(len(reqs))
 	}
-	if len(batch) == 1 {
-		r := batch[0]
+	if len(reqs) == 1 {
+		r := reqs[0]
 		r.done <- g.s.Pay(r.ctx, r.p)
 		return
 	}
-	g.run(batch)
+	g.run(reqs)
 }
 
 // run commits one group and answers each of its payments. A deadlock, lock
 // wait timeout or lost connection retries the group once; after that, and
 // after any other error before COMMIT, each payment runs alone.
-func (g *Grouper) run(batch []*request) {
+func (g *Grouper) run(reqs []*request) {
 	// Every group takes its rows in the same order, by user then order
 	// number (each chain locks its order row, then the user's account), so
 	// two groups cannot wait on each other in a cycle. The group's deadline
 	// is the earliest of its payments': a payment close to its own deadline
 	// cuts the group short, and every payment then runs alone or, if COMMIT
 	// was cut, is requeued.
-	slices.SortFunc(batch, func(a, b *request) int {
+	slices.SortFunc(reqs, func(a, b *request) int {
 		return cmp.Or(cmp.Compare(a.p.UserID, b.p.UserID), strings.Compare(a.p.OrderNo, b.p.OrderNo))
 	})
-	deadline, ok := batch[0].ctx.Deadline()
-	for _, r := range batch[1:] {
-		if d, has := r.ctx.Deadline(); has && (!ok || d.Before(deadline)) {
-			deadline, ok = d, true
-		}
-	}
-	ctx, cancel := context.WithCancel(batch[0].ctx)
+	ctx, cancel := batch.Context(reqs, func(r *request) context.Context { return r.ctx })
 	defer cancel()
-	if ok {
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
-	ps := make([]Payment, len(batch))
-	for i, r := range batch {
+	ps := make([]Payment, len(reqs))
+	for i, r := range reqs {
 		ps[i] = r.p
 	}
 	for attempt := 1; ; attempt++ {
 		applied, err := g.s.payGroup(ctx, ps)
 		if err == nil || errors.Is(err, sqldb.ErrCommitUnknown) {
-			for i, r := range batch {
+			for i, r := range reqs {
 				switch {
 				case !applied[i]:
 					r.done <- errAlone
@@ -152,7 +142,7 @@ func (g *Grouper) run(batch []*request) {
 				continue
 			}
 		}
-		for _, r := range batch {
+		for _, r := range reqs {
 			r.done <- errAlone
 		}
 		return
@@ -181,16 +171,7 @@ func (s *Store) payGroup(ctx context.Context, ps []Payment) (applied []bool, err
 	var opErr error
 	rawErr := conn.Raw(func(dc any) error {
 		ex := dc.(driver.ExecerContext)
-		rollback := func() error {
-			// Even when ctx is done, but bounded: a black-holed connection
-			// must not hold the caller (or a whole group) forever.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if _, err := ex.ExecContext(rctx, "ROLLBACK", nil); err != nil {
-				return driver.ErrBadConn // discard the connection: its state is unknown
-			}
-			return nil
-		}
+		rollback := func() error { return rollbackOn(ctx, ex) }
 		for len(in) > 0 {
 			var q strings.Builder
 			q.WriteString("START TRANSACTION")

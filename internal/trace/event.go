@@ -70,15 +70,11 @@ type row struct {
 func (r *Recorder) Start(conns, size int) (stop func()) {
 	r.rows = batch.Start(max(conns, 1), size, func(rows []*row) {
 		events := make([]Event, len(rows))
-		ctx := rows[0].ctx
 		for i, w := range rows {
 			events[i] = w.e
-			if d, ok := w.ctx.Deadline(); ok {
-				if cur, has := ctx.Deadline(); !has || d.Before(cur) {
-					ctx = w.ctx
-				}
-			}
 		}
+		ctx, cancel := batch.Context(rows, func(w *row) context.Context { return w.ctx })
+		defer cancel()
 		err := insert(ctx, r.DB, events)
 		for _, w := range rows {
 			w.done <- err
