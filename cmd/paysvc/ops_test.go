@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -208,6 +209,10 @@ func TestOperationsDeadLettersReplayTrace(t *testing.T) {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+	// Every payment transaction is counted, a lone payment as a group of 1.
+	if m := regexp.MustCompile(`paysvc_pay_group_size_count (\d+)`).FindSubmatch(metrics); m == nil || string(m[1]) == "0" {
+		t.Errorf("/metrics: paysvc_pay_group_size counted no transaction (%q)", m)
 	}
 }
 
