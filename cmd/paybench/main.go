@@ -177,8 +177,8 @@ func main() {
 }
 
 func describe(r run) string {
-	return fmt.Sprintf("handling p50 %s  p99 %s  p99.9 %s; %.2f CPU s/1k msgs; peak heap %.0f MiB",
-		ms(r.p50), ms(r.p99), ms(r.p999), r.cpuPer1k, r.peakHeapMiB)
+	return fmt.Sprintf("handling p50 %s  p99 %s  p99.9 %s; %.2f CPU s/1k msgs; peak heap %.0f MiB; %.0f tx retries",
+		ms(r.p50), ms(r.p99), ms(r.p999), r.cpuPer1k, r.peakHeapMiB, r.txRetries)
 }
 
 func fraction(rate, ceiling float64) string {

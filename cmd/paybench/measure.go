@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -186,6 +187,7 @@ type run struct {
 	peakHeapMiB float64
 	p50, p99    time.Duration
 	p999        time.Duration
+	txRetries   float64 // paysvc_tx_retries_total: deadlocks, lock wait timeouts
 }
 
 // recorder captures the "duration" of every "message handled" log entry.
@@ -226,7 +228,7 @@ type consumerConfig struct {
 
 // startConsumer runs paysvc's consumer in this process with the daemon's
 // wiring; stop drains it.
-func startConsumer(ctx context.Context, b *bed, o *options, cc consumerConfig, rec *recorder) (stop func(), err error) {
+func startConsumer(ctx context.Context, b *bed, o *options, cc consumerConfig, rec *recorder, m *metrics.Metrics) (stop func(), err error) {
 	db, err := sqldb.Open(ctx, b.dsn, cc.maxOpen)
 	if err != nil {
 		return nil, err
@@ -239,16 +241,18 @@ func startConsumer(ctx context.Context, b *bed, o *options, cc consumerConfig, r
 		stopPipe = guard.StartPipeline(2, 64) // as the daemon does
 	}
 	log := zap.New(rec)
+	orders := order.NewStore(db)
+	orders.OnRetry = func(error) { m.TxRetries.Inc() }
 	events := &trace.Recorder{DB: db, Instance: "paybench"}
 	stopEvents := events.Start(2, 64) // as the daemon does
 	c := listener.New(listener.Config{
 		URL: b.amqpURL, ConnectionName: "paybench", Prefetch: cc.prefetch, Workers: cc.workers,
 		Retry:         listener.RetryPolicy{Delays: delays, MaxAttempts: 5},
 		RedisFallback: listener.FallbackClosed, HandleTimeout: 30 * time.Second, DrainTimeout: 30 * time.Second,
-		PublishTimeout: 10 * time.Second, MaxBackoff: 15 * time.Second, Metrics: metrics.New(),
+		PublishTimeout: 10 * time.Second, MaxBackoff: 15 * time.Second, Metrics: m,
 		GroupSize: cc.groupSize, GroupConns: cc.groupConns,
 		Events: events,
-	}, order.NewStore(db), guard, log)
+	}, orders, guard, log)
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { c.Run(cctx); close(done) }()
@@ -304,7 +308,8 @@ func drain(ctx context.Context, o *options, name string, cc consumerConfig, n in
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	cpu0, start := cpuTime(), time.Now()
-	stop, err := startConsumer(ctx, b, o, cc, rec)
+	m := metrics.New()
+	stop, err := startConsumer(ctx, b, o, cc, rec, m)
 	if err != nil {
 		return r, err
 	}
@@ -335,6 +340,7 @@ func drain(ctx context.Context, o *options, name string, cc consumerConfig, n in
 	r.cpuPer1k = cpu.Seconds() / float64(len(bodies)) * 1000
 	r.peakHeapMiB = float64(peak) / (1 << 20)
 	r.p50, r.p99, r.p999 = percentiles(rec.durs)
+	r.txRetries = testutil.ToFloat64(m.TxRetries)
 	var paid int
 	b.db.GetContext(ctx, &paid, "SELECT COUNT(*) FROM t_order WHERE status = 'PAID'")
 	if paid != n {
@@ -366,7 +372,7 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration) (p
 		return
 	}
 	rec := &recorder{LevelEnabler: zapcore.InfoLevel}
-	stop, err := startConsumer(ctx, b, o, o.defaults, rec)
+	stop, err := startConsumer(ctx, b, o, o.defaults, rec, metrics.New())
 	if err != nil {
 		return
 	}

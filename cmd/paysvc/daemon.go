@@ -62,6 +62,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	name := fmt.Sprintf("paysvc %s %s/%d", version, host, os.Getpid())
 	m := metrics.New()
 	orders := order.NewStore(db)
+	orders.OnRetry = func(error) { m.TxRetries.Inc() }
 	deadLetters := deadletter.NewStore(db)
 	events := &trace.Recorder{DB: db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())}
 	defer events.Start(2, 64)() // outcomes recorded at once share an INSERT

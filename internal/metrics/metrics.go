@@ -18,6 +18,7 @@ type Metrics struct {
 	Errors            *prometheus.CounterVec // class
 	Duration          prometheus.Histogram
 	GroupSize         prometheus.Histogram
+	TxRetries         prometheus.Counter
 	Disagreements     *prometheus.CounterVec // kind: redis_new_db_applied, redis_done_db_unpaid
 	Degraded          prometheus.Gauge
 	Ready             prometheus.Gauge
@@ -45,6 +46,9 @@ func New() *Metrics {
 		GroupSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "paysvc_pay_group_size", Help: "Payments per database transaction (mysql.groupSize caps it).",
 			Buckets: []float64{1, 2, 4, 6, 8, 10, 15, 20, 30, 50}}),
+		TxRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paysvc_tx_retries_total",
+			Help: "Payment transactions (single or grouped) run again after a deadlock, a lock wait timeout or a lost connection."}),
 		Disagreements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paysvc_guard_disagreements_total",
 			Help: "Times Redis and the database disagreed: redis_new_db_applied (Redis said new, the database had applied it), redis_done_db_unpaid."},
@@ -69,7 +73,7 @@ func New() *Metrics {
 		ReconcileProblems: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_reconcile_problems", Help: "Problems the last scheduled reconciliation found."}),
 	}
-	r.MustRegister(m.Messages, m.Errors, m.Duration, m.GroupSize, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
+	r.MustRegister(m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.ReconcileProblems,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, res := range []string{"FIRST", "DUPLICATE", "RETRY", "TERMINAL", "REQUEUE"} {

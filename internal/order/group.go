@@ -136,6 +136,7 @@ func (g *Grouper) run(reqs []*request) {
 			return
 		}
 		if attempt < 2 && sqldb.Transient(err) {
+			g.s.retried(err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(20*time.Millisecond + rand.N(30*time.Millisecond)):

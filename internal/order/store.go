@@ -30,6 +30,9 @@ type Store struct {
 	// Attempts bounds how often Pay runs its transaction when it hits a
 	// deadlock, a lock wait timeout or a lost connection.
 	Attempts int
+	// OnRetry, if set, is told each time a transaction (a payment's or a
+	// group's) is run again after such an error. Set it before use.
+	OnRetry func(err error)
 }
 
 // NewStore returns a Store over db.
@@ -55,6 +58,7 @@ func (s *Store) Pay(ctx context.Context, p Payment) error {
 		}
 		// Deadlock, lock wait timeout or lost connection: the transaction was
 		// rolled back as a whole; run it again after a jittered pause.
+		s.retried(err)
 		pause := time.Duration(attempt)*20*time.Millisecond + rand.N(30*time.Millisecond)
 		select {
 		case <-ctx.Done():
@@ -66,6 +70,12 @@ func (s *Store) Pay(ctx context.Context, p Payment) error {
 		return fmt.Errorf("order %s: pay: %w", p.OrderNo, err)
 	}
 	return nil
+}
+
+func (s *Store) retried(err error) {
+	if s.OnRetry != nil {
+		s.OnRetry(err)
+	}
 }
 
 // PayTx runs one payment's statements one round trip each inside the

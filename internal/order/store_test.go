@@ -256,8 +256,14 @@ func TestPayRetriesLockWaitTimeoutInPlace(t *testing.T) {
 
 	// Three attempts: the lock is released during the second wait.
 	hold(1500 * time.Millisecond)
-	if err := order.NewStore(short).Pay(context.Background(), pay("LW2", 11, 100)); err != nil {
+	retrying := order.NewStore(short)
+	var retries []error
+	retrying.OnRetry = func(err error) { retries = append(retries, err) }
+	if err := retrying.Pay(context.Background(), pay("LW2", 11, 100)); err != nil {
 		t.Fatalf("with retries: %v", err)
+	}
+	if len(retries) == 0 || !sqldb.IsDeadlock(retries[0]) {
+		t.Fatalf("OnRetry told %v, want the lock wait timeout", retries)
 	}
 	if got := read(t, db, "LW2", 11); got.Status != order.Paid || got.Flows != 1 || got.Balance != 900 {
 		t.Fatalf("after retry: %+v", got)
