@@ -208,11 +208,13 @@ func serverVersions() string {
 type round struct{ ceiling, paysvc, article float64 }
 
 // repeat measures n-1 more rounds after first, each the per-payment ceiling
-// (best of 16 and 32 connections), paysvc's defaults and the article's
-// configuration back to back, and prints the medians: on a shared machine a
+// (best of 16 and 32 connections), paysvc's defaults, the article's
+// configuration and an open loop at half that round's peak back to back,
+// and prints the medians: on a shared machine a
 // single pass can land its phases in different weather.
 func repeat(ctx context.Context, o *options, n int, first round, row func(string, float64, string)) error {
 	rs := []round{first}
+	var openP99 []time.Duration
 	for i := 2; i <= n; i++ {
 		var r round
 		for _, conc := range []int{16, 32} {
@@ -231,10 +233,18 @@ func repeat(ctx context.Context, o *options, n int, first round, row func(string
 			return err
 		}
 		r.paysvc, r.article = d.rate, a.rate
+		// Half of this round's peak, right after it was measured.
+		_, p99, _, _, err := openLoop(ctx, o, r.paysvc/2, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		openP99 = append(openP99, p99)
 		row(fmt.Sprintf("round %d: ceiling %.0f, article %.0f; paysvc", i, r.ceiling, r.article), r.paysvc,
-			fmt.Sprintf("%.2fx the ceiling, %.1fx the article config", r.paysvc/r.ceiling, r.paysvc/r.article))
+			fmt.Sprintf("%.2fx the ceiling, %.1fx the article config; open loop at %.0f msg/s: publish→payment p99 %s",
+				r.paysvc/r.ceiling, r.paysvc/r.article, r.paysvc/2, ms(p99)))
 		rs = append(rs, r)
 	}
+	slices.Sort(openP99)
 	med := func(f func(round) float64) float64 {
 		v := make([]float64, len(rs))
 		for i, r := range rs {
@@ -250,5 +260,7 @@ func repeat(ctx context.Context, o *options, n int, first round, row func(string
 		med(func(r round) float64 { return r.article })), med(func(r round) float64 { return r.paysvc }),
 		fmt.Sprintf("%.2fx the ceiling, %.1fx the article config (medians of the per-round ratios)",
 			med(func(r round) float64 { return r.paysvc / r.ceiling }), med(func(r round) float64 { return r.paysvc / r.article })))
+	row(fmt.Sprintf("open loop at half of each round's peak (rounds 2-%d, median rate)", n), med(func(r round) float64 { return r.paysvc / 2 }),
+		fmt.Sprintf("publish→payment p99: median %s, best %s, worst %s", ms(openP99[len(openP99)/2]), ms(openP99[0]), ms(openP99[len(openP99)-1])))
 	return nil
 }
