@@ -35,7 +35,6 @@ import (
 // fill. Under a light load every group has one payment.
 type Grouper struct {
 	s       *Store
-	size    int
 	groups  *batch.Collector[*request] // nil: one transaction per payment
 	observe func(n int)
 }
@@ -53,7 +52,7 @@ var errAlone = errors.New("not applied in a group: run alone")
 // payments into one transaction. observe, if not nil, is told each group's
 // size. Stop ends them. With size 1 no committer starts and Pay is Store.Pay.
 func (s *Store) NewGrouper(size, conns int, observe func(n int)) *Grouper {
-	g := &Grouper{s: s, size: size, observe: observe}
+	g := &Grouper{s: s, observe: observe}
 	if size > 1 {
 		g.groups = batch.Start(max(conns, 1), size, g.commit)
 	}
