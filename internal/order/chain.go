@@ -2,6 +2,7 @@ package order
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -11,14 +12,10 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/paysvc/paysvc/internal/account"
-	"github.com/paysvc/paysvc/internal/fault"
+	"github.com/paysvc/paysvc/internal/money"
 	"github.com/paysvc/paysvc/internal/outbox"
 	"github.com/paysvc/paysvc/internal/sqldb"
 )
-
-// chainSQL is the payment in one round trip: the transaction's start, then
-// chainBody.
-const chainSQL = "START TRANSACTION;\n" + chainBody
 
 // chainBody is one payment's writes: the INIT→PAID CAS, then each next write
 // only if the one before changed exactly one row (ROW_COUNT() = 1): the
@@ -48,91 +45,35 @@ func chainArgs(args []driver.NamedValue, p Payment, now time.Time) []driver.Name
 	return args
 }
 
-// which of the chain's statements stopped it.
-type stop int
-
-const (
-	stopNone    stop = iota
-	stopCAS          // the order was not INIT with this user and amount
-	stopBalance      // no account, or not enough balance
-	stopOther        // a statement changed no row it should have
-)
-
-// payChained applies p in two round trips (the chain, then COMMIT), on a
-// connection of its own: whatever happens, the connection goes back to the
-// pool with no transaction open, or is discarded.
+// payChained applies p as a group of one (payGroup: the chain, then COMMIT,
+// on a connection of its own) and, when nothing was applied, reads why.
 func (s *Store) payChained(ctx context.Context, p Payment) error {
-	conn, err := s.db.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("connection: %w", err)
-	}
-	args := chainArgs(nil, p, time.Now())
-	var opErr error
-	why := stopNone
-	rawErr := conn.Raw(func(dc any) error {
-		ex := dc.(driver.ExecerContext)
-		rollback := func() error { return rollbackOn(ctx, ex) }
-		res, err := ex.ExecContext(ctx, chainSQL, args)
-		if err != nil {
-			opErr = err
-			return rollback()
-		}
-		counts := res.(mysql.Result).AllRowsAffected() // START TRANSACTION, CAS, flow, balance, notice
-		switch {
-		case len(counts) != 5:
-			opErr = fmt.Errorf("payment chain: %d results, want 5", len(counts))
-			why = stopOther
-		case counts[1] != 1:
-			why = stopCAS
-		case counts[2] != 1:
-			why = stopOther
-		case counts[3] != 1:
-			why = stopBalance
-		case counts[4] != 1:
-			why = stopOther
-		}
-		if why != stopNone {
-			return rollback()
-		}
-		fault.Point("mid_transaction")
-		if _, err := ex.ExecContext(ctx, "COMMIT", nil); err != nil {
-			opErr = fmt.Errorf("%w: %w", sqldb.ErrCommitUnknown, err)
-			return driver.ErrBadConn
-		}
-		return nil
-	})
-	// Give the connection back before any diagnostic read: holding it while
-	// taking another from a bounded pool can deadlock the pool.
-	conn.Close()
+	applied, err := s.payGroup(ctx, []Payment{p})
+	var me *mysql.MySQLError
 	switch {
-	case opErr != nil && sqldb.IsDuplicateKey(opErr):
-		var me *mysql.MySQLError
-		if errors.As(opErr, &me) && strings.Contains(me.Message, "uk_biz_no_type") {
-			return fmt.Errorf("deduct %s: %w", p.OrderNo, account.ErrDuplicateFlow)
-		}
-		return opErr
-	case opErr != nil:
-		return opErr
-	case rawErr != nil:
-		return rawErr
-	case why == stopCAS:
-		if err := check(ctx, s.db, p); err != nil {
-			return err
-		}
-		return errors.New("order changed during payment")
-	case why == stopBalance:
-		var exists int
-		if err := s.db.GetContext(ctx, &exists, "SELECT COUNT(*) FROM t_account WHERE user_id = ?", p.UserID); err != nil {
-			return fmt.Errorf("read account: %w", err)
-		}
-		if exists == 0 {
-			return fmt.Errorf("deduct %s: user %d: %w", p.OrderNo, p.UserID, account.ErrNoAccount)
-		}
-		return fmt.Errorf("deduct %s: user %d, amount %s: %w", p.OrderNo, p.UserID, p.Amount, account.ErrInsufficientBalance)
-	case why == stopOther:
-		return errors.New("payment chain: a statement changed no row")
+	case err != nil && sqldb.IsDuplicateKey(err) && errors.As(err, &me) && strings.Contains(me.Message, "uk_biz_no_type"):
+		return fmt.Errorf("deduct %s: %w", p.OrderNo, account.ErrDuplicateFlow)
+	case err != nil:
+		return err
+	case applied[0]:
+		return nil
 	}
-	return nil
+	// Nothing changed. The connection is back in the pool: holding it while
+	// taking another from a bounded pool could deadlock the pool.
+	if err := check(ctx, s.db, p); err != nil {
+		return err // paid, missing, mismatched, not payable
+	}
+	var balance money.Cents
+	err = s.db.GetContext(ctx, &balance, "SELECT balance FROM t_account WHERE user_id = ?", p.UserID)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("deduct %s: user %d: %w", p.OrderNo, p.UserID, account.ErrNoAccount)
+	case err != nil:
+		return fmt.Errorf("read account: %w", err)
+	case balance < p.Amount:
+		return fmt.Errorf("deduct %s: user %d, amount %s: %w", p.OrderNo, p.UserID, p.Amount, account.ErrInsufficientBalance)
+	}
+	return errors.New("payment changed nothing, yet the order and the account allow it: they changed meanwhile")
 }
 
 // rollbackOn rolls back the transaction open on a raw connection, even when
