@@ -63,7 +63,7 @@ type Consumer struct {
 	log    *zap.Logger
 	m      *metrics.Metrics
 
-	payer *order.Grouper // while Run runs, when grouping
+	payer *order.Grouper // made by Run
 	ready atomic.Bool
 	// redisDownUntil (unix nanos) skips Redis for a while under OPEN after
 	// it failed, instead of paying a timeout on every message.
@@ -119,13 +119,11 @@ func (e *fatalError) Unwrap() error { return e.err }
 // error only when the first session fails for a reason reconnecting cannot
 // fix, such as a topology that does not match.
 func (c *Consumer) Run(ctx context.Context) error {
-	if c.cfg.GroupSize > 1 {
-		// Sessions drain their workers before they end, so no payment is
-		// waiting for a group when Run returns.
-		c.payer = c.orders.NewGrouper(c.cfg.GroupSize, c.cfg.GroupConns,
-			func(n int) { c.m.GroupSize.Observe(float64(n)) })
-		defer c.payer.Stop()
-	}
+	// With GroupSize 1 (or 0) the grouper pays each payment alone. A worker
+	// still running after a session gave up on it pays alone after Stop.
+	c.payer = c.orders.NewGrouper(c.cfg.GroupSize, c.cfg.GroupConns,
+		func(n int) { c.m.GroupSize.Observe(float64(n)) })
+	defer c.payer.Stop()
 	bo := broker.Backoff{Max: c.cfg.MaxBackoff}
 	first := true
 	for {
@@ -472,12 +470,7 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 			out.kind, out.class, out.err = Terminal, ClassPanic, fmt.Errorf("%w: %v", errPanic, r)
 			if held {
-				bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-				defer cancel()
-				var rerr error
-				out.released, rerr = c.guard.Release(bg, claim)
-				c.log.Info("idem key released", zap.String("order_no", out.orderNo), zap.String("idem_key", out.key),
-					zap.Bool("deleted", out.released), zap.NamedError("release_error", rerr), zap.String("after", "panic"))
+				out.released = c.release(ctx, out.orderNo, claim, "panic")
 			}
 		}
 	}()
@@ -522,11 +515,7 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 		}
 	}
 
-	if c.payer != nil {
-		err = c.payer.Pay(ctx, p)
-	} else {
-		err = c.orders.Pay(ctx, p)
-	}
+	err = c.payer.Pay(ctx, p)
 	kind, _ := classify(err)
 	if err == nil {
 		fault.Point("after_commit")
@@ -545,10 +534,7 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 				zap.String("order_no", p.OrderNo), zap.Error(err))
 		}
 	default:
-		released, rerr := c.guard.Release(bg, claim)
-		out.released = released
-		c.log.Info("idem key released", zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key),
-			zap.Bool("deleted", released), zap.NamedError("release_error", rerr))
+		out.released = c.release(ctx, p.OrderNo, claim, "failure")
 	}
 	held = false
 	return settle(err)
@@ -570,11 +556,7 @@ func (c *Consumer) claim(ctx context.Context, orderNo string) (idem.State, idem.
 		return st, claim, false, nil
 	}
 	// The SET may have landed before the reply was lost: free it if we can.
-	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	released, rerr := c.guard.Release(bg, claim)
-	cancel()
-	c.log.Info("idem key released", zap.String("order_no", orderNo), zap.String("idem_key", claim.Key),
-		zap.Bool("deleted", released), zap.NamedError("release_error", rerr), zap.String("after", "claim error"))
+	c.release(ctx, orderNo, claim, "claim error")
 	if !open {
 		return 0, claim, false, fmt.Errorf("%w: %w", errRedisUnavailable, err)
 	}
@@ -583,4 +565,15 @@ func (c *Consumer) claim(ctx context.Context, orderNo string) (idem.State, idem.
 	c.log.Warn("redis unavailable: going on with the database guards alone (idempotent.redisFallback=OPEN)",
 		zap.String("order_no", orderNo), zap.Error(err))
 	return 0, claim, true, nil
+}
+
+// release deletes the claim if it still holds its token, even when ctx is
+// done (but within 2 s), logs it, and reports whether a key was deleted.
+func (c *Consumer) release(ctx context.Context, orderNo string, claim idem.Claim, after string) bool {
+	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	released, err := c.guard.Release(bg, claim)
+	c.log.Info("idem key released", zap.String("order_no", orderNo), zap.String("idem_key", claim.Key),
+		zap.Bool("deleted", released), zap.NamedError("release_error", err), zap.String("after", after))
+	return released
 }
