@@ -88,7 +88,7 @@ func parallelPayments(ctx context.Context, o *options, name string, conc, n, gro
 	if err != nil {
 		return 0, err
 	}
-	db, err := sqldb.Open(ctx, b.dsn, conc)
+	db, err := sqldb.Open(ctx, b.DSN, conc)
 	if err != nil {
 		return 0, err
 	}
@@ -229,7 +229,7 @@ type consumerConfig struct {
 // startConsumer runs paysvc's consumer in this process with the daemon's
 // wiring; stop drains it.
 func startConsumer(ctx context.Context, b *bed, o *options, cc consumerConfig, rec *recorder, m *metrics.Metrics) (stop func(), err error) {
-	db, err := sqldb.Open(ctx, b.dsn, cc.maxOpen)
+	db, err := sqldb.Open(ctx, b.DSN, cc.maxOpen)
 	if err != nil {
 		return nil, err
 	}
@@ -342,7 +342,7 @@ func drain(ctx context.Context, o *options, name string, cc consumerConfig, n in
 	r.p50, r.p99, r.p999 = percentiles(rec.durs)
 	r.txRetries = testutil.ToFloat64(m.TxRetries)
 	var paid int
-	b.db.GetContext(ctx, &paid, "SELECT COUNT(*) FROM t_order WHERE status = 'PAID'")
+	b.DB.GetContext(ctx, &paid, "SELECT COUNT(*) FROM t_order WHERE status = 'PAID'")
 	if paid != n {
 		return r, fmt.Errorf("%s: %d of %d orders paid", name, paid, n)
 	}
@@ -410,7 +410,7 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration) (p
 		OrderNo string    `db:"order_no"`
 		PayTime time.Time `db:"pay_time"`
 	}
-	if err = b.db.SelectContext(ctx, &rows, "SELECT order_no, pay_time FROM t_order WHERE status = 'PAID'"); err != nil {
+	if err = b.DB.SelectContext(ctx, &rows, "SELECT order_no, pay_time FROM t_order WHERE status = 'PAID'"); err != nil {
 		return
 	}
 	if len(rows) != n {

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
@@ -19,13 +18,10 @@ import (
 
 // bed is one measurement's isolated database, vhost and key prefix.
 type bed struct {
-	*sandbox.Database
-	dsn     string
-	db      *sqlx.DB
-	vhost   string
-	amqpURL string
-	rdb     *redis.Client
-	prefix  string
+	*sandbox.Database // its Name is the vhost's too
+	amqpURL           string
+	rdb               *redis.Client
+	prefix            string
 }
 
 var delays = []time.Duration{30 * time.Second, time.Minute, 5 * time.Minute}
@@ -36,8 +32,8 @@ func newBed(ctx context.Context, o *options, name string) (*bed, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &bed{Database: d, dsn: d.DSN, db: d.DB, vhost: id, prefix: id + ":"}
-	if b.amqpURL, err = sandbox.NewVhost(o.amqpURL, b.vhost, "guest"); err != nil {
+	b := &bed{Database: d, prefix: id + ":"}
+	if b.amqpURL, err = sandbox.NewVhost(o.amqpURL, b.Name, "guest"); err != nil {
 		b.close()
 		return nil, err
 	}
@@ -58,7 +54,7 @@ func newBed(ctx context.Context, o *options, name string) (*bed, error) {
 
 func (b *bed) close() {
 	b.Database.Close()
-	sandbox.DeleteVhost(b.vhost)
+	sandbox.DeleteVhost(b.Name)
 	if b.rdb != nil {
 		sandbox.DeleteKeys(context.Background(), b.rdb, b.prefix)
 		b.rdb.Close()
@@ -92,7 +88,7 @@ func (b *bed) seed(ctx context.Context, n, users int, hot float64, hotUsers int)
 			}
 			fmt.Fprintf(&sb, "(%d, 100000000.00)", u)
 		}
-		if _, err := b.db.ExecContext(ctx, sb.String()); err != nil {
+		if _, err := b.DB.ExecContext(ctx, sb.String()); err != nil {
 			return nil, err
 		}
 	}
@@ -113,7 +109,7 @@ func (b *bed) seed(ctx context.Context, n, users int, hot float64, hotUsers int)
 			}
 			fmt.Fprintf(&sb, "('%s', %d, %s)", pays[i].orderNo, pays[i].user, pays[i].amount)
 		}
-		if _, err := b.db.ExecContext(ctx, sb.String()); err != nil {
+		if _, err := b.DB.ExecContext(ctx, sb.String()); err != nil {
 			return nil, err
 		}
 	}
@@ -158,21 +154,4 @@ func (b *bed) preload(bodies [][]byte) error {
 		}
 	}
 	return nil
-}
-
-func (b *bed) depth() int {
-	conn, err := amqp.Dial(b.amqpURL)
-	if err != nil {
-		return -1
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return -1
-	}
-	q, err := ch.QueueDeclarePassive(listener.MainQueue, true, false, false, false, nil)
-	if err != nil {
-		return -1
-	}
-	return q.Messages
 }

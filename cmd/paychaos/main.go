@@ -154,9 +154,6 @@ func runScenario(ctx context.Context, s scenario, idx int, srv servers, binary, 
 	w, err := newWorld(ctx, s.name, srv, binary, logDir)
 	if err != nil {
 		r.err = err
-		if w != nil {
-			w.close()
-		}
 		return r
 	}
 	defer w.close()
@@ -227,9 +224,6 @@ func runSoak(ctx context.Context, srv servers, binary, logDir string, seed uint6
 	w, err := newWorld(ctx, "soak", srv, binary, logDir)
 	if err != nil {
 		r.err = err
-		if w != nil {
-			w.close()
-		}
 		return r
 	}
 	defer w.close()

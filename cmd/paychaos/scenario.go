@@ -9,6 +9,8 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+
+	"github.com/paysvc/paysvc/internal/sandbox"
 )
 
 // scenario is one fault, injected while the instances work.
@@ -130,21 +132,21 @@ var scenarios = []scenario{
 		}},
 	{name: "broker-connections-closed", faults: "rabbitmqctl close_all_connections, 3 times",
 		inject: repeat(3, 400*time.Millisecond, func(ctx context.Context, w *world) error {
-			return rabbitmqctl("close_all_connections", "-p", w.vhost, "chaos")
+			return sandbox.RabbitmqCtl("close_all_connections", "-p", w.vhost, "chaos")
 		})},
 	{name: "broker-restart", faults: "rabbitmqctl stop_app, start_app",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
 			if !at(ctx, 200*time.Millisecond) {
 				return 0, nil
 			}
-			if err := rabbitmqctl("stop_app"); err != nil {
+			if err := sandbox.RabbitmqCtl("stop_app"); err != nil {
 				return 0, err
 			}
 			at(ctx, time.Second)
-			if err := rabbitmqctl("start_app"); err != nil {
+			if err := sandbox.RabbitmqCtl("start_app"); err != nil {
 				return 1, err
 			}
-			return 1, rabbitmqctl("await_startup")
+			return 1, sandbox.RabbitmqCtl("await_startup")
 		}},
 	{name: "redis-unreachable", faults: "Redis proxy down 3s (CLOSED: pause)",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {

@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/money"
 )
@@ -151,33 +152,20 @@ func (w *world) publish(ctx context.Context, bodies [][]byte, publishers int) (i
 }
 
 // publishFrom publishes bodies[i], bodies[i+step], ... on one connection and
-// returns how many were confirmed before an error.
+// returns how many were confirmed (and routed) before an error.
 func (w *world) publishFrom(ctx context.Context, bodies [][]byte, i, step int) (int, error) {
 	conn, err := amqp.Dial(w.amqpURL)
 	if err != nil {
 		return 0, err
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return 0, err
-	}
-	if err := ch.Confirm(false); err != nil {
-		return 0, err
-	}
+	pub := broker.NewPublisher(conn, 10*time.Second)
+	defer pub.Close()
 	n := 0
 	for ; i < len(bodies); i += step {
-		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", listener.MainQueue, true, false,
-			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: bodies[i]})
-		if err != nil {
+		if err := pub.Publish(ctx, "", listener.MainQueue,
+			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: bodies[i]}); err != nil {
 			return n, err
-		}
-		ok, err := conf.WaitContext(ctx)
-		if err != nil {
-			return n, err
-		}
-		if !ok {
-			return n, fmt.Errorf("publish nacked")
 		}
 		n++
 	}

@@ -68,9 +68,16 @@ func randHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func newWorld(ctx context.Context, name string, srv servers, binary, logDir string) (*world, error) {
+// newWorld makes a scenario's database, vhost, key prefix and proxies; on
+// an error it removes what it made.
+func newWorld(ctx context.Context, name string, srv servers, binary, logDir string) (_ *world, err error) {
 	w := &world{name: name, srv: srv, binary: binary,
 		delays: []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, time.Second}}
+	defer func() {
+		if err != nil {
+			w.close()
+		}
+	}()
 	id := strings.ReplaceAll(name, "-", "_") + "_" + randHex(3)
 	w.dbName, w.vhost, w.prefix = "chaos_"+id, "chaos_"+id, "chaos:"+id+":"
 	w.dir = filepath.Join(logDir, name+"-"+id[len(id)-6:])
@@ -151,8 +158,6 @@ func (w *world) close() {
 }
 
 func (w *world) deleteKeys() { sandbox.DeleteKeys(context.Background(), w.rdb, w.prefix) }
-
-func rabbitmqctl(args ...string) error { return sandbox.RabbitmqCtl(args...) }
 
 // instance is one paysvc process; the world restarts it when it dies, as an
 // orchestrator would.
