@@ -17,11 +17,12 @@ type item struct {
 // Every request taken is run exactly once; while the only runner is busy,
 // the requests that arrive wait and then run together, at most max at once.
 func TestCollectorBatchesWaitingRequests(t *testing.T) {
-	hold := make(chan struct{})
+	hold, started := make(chan struct{}), make(chan struct{})
 	var mu sync.Mutex
 	ran := map[int]int{}
 	c := Start(1, 4, func(b []*item) {
 		if b[0].n == 0 {
+			close(started)
 			<-hold
 		}
 		mu.Lock()
@@ -34,10 +35,14 @@ func TestCollectorBatchesWaitingRequests(t *testing.T) {
 		}
 	})
 	defer c.Stop()
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	defer release() // before Stop, which waits for the runner
 	first := &item{n: 0, done: make(chan int, 1)}
 	if taken, err := c.Send(context.Background(), first); !taken || err != nil {
 		t.Fatalf("Send = %v, %v", taken, err)
 	}
+	<-started // the runner is busy with first alone: the rest must queue
 	items := make([]*item, 10)
 	var wg sync.WaitGroup
 	for i := range items {
@@ -51,7 +56,7 @@ func TestCollectorBatchesWaitingRequests(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	close(hold)
+	release()
 	wg.Wait()
 	var sizes []int
 	for _, it := range items {
