@@ -174,7 +174,6 @@ type instance struct {
 func (w *world) env() []string {
 	mcfg, _ := mysql.ParseDSN(w.srv.mysqlDSN)
 	mcfg.Addr, mcfg.DBName = w.commitCut.addr(), w.dbName
-	mcfg.Params = map[string]string{"innodb_lock_wait_timeout": "2"}
 	amqpURL := strings.Replace(strings.TrimSuffix(w.srv.amqpURL, "/"), mustHost(w.srv.amqpURL), w.amqpProxy.Listen, 1) + "/" + w.vhost
 	delays := make([]string, len(w.delays))
 	for i, d := range w.delays {
@@ -187,6 +186,7 @@ func (w *world) env() []string {
 		"PAYSVC_REDIS_ADDR=" + w.redisProxy.Listen,
 		"PAYSVC_IDEMPOTENT_KEYPREFIX=" + w.prefix,
 		"PAYSVC_IDEMPOTENT_LEASE=3s",
+		"PAYSVC_MYSQL_LOCKWAITTIMEOUT=1s",
 		"PAYSVC_RETRY_DELAYS=" + strings.Join(delays, ","),
 		"PAYSVC_RETRY_MAXATTEMPTS=6",
 		"PAYSVC_AMQP_WORKERS=8",

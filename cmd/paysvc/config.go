@@ -34,11 +34,13 @@ type Config struct {
 		CAFile        string
 	}
 	MySQL struct {
-		DSN          string
-		MaxOpenConns int
-		GroupSize    int
-		GroupConns   int
-		CAFile       string
+		DSN                    string
+		MaxOpenConns           int
+		GroupSize              int
+		GroupConns             int
+		CAFile                 string
+		LockWaitTimeout        time.Duration
+		IdleTransactionTimeout time.Duration
 	}
 	Redis struct {
 		Addr       string
@@ -88,6 +90,8 @@ var defaults = []struct {
 	{"mysql.groupSize", 16},
 	{"mysql.groupConns", 2},
 	{"mysql.caFile", ""},
+	{"mysql.lockWaitTimeout", "5s"},
+	{"mysql.idleTransactionTimeout", "30s"},
 	{"redis.addr", "127.0.0.1:6379"},
 	{"redis.username", ""},
 	{"redis.password", ""},
@@ -182,6 +186,8 @@ func loadConfig(path string, mustExist bool, env map[string]string) (*Config, er
 	c.MySQL.GroupSize = d.int("mysql.groupSize")
 	c.MySQL.GroupConns = d.int("mysql.groupConns")
 	c.MySQL.CAFile = d.str("mysql.caFile")
+	c.MySQL.LockWaitTimeout = d.duration("mysql.lockWaitTimeout")
+	c.MySQL.IdleTransactionTimeout = d.duration("mysql.idleTransactionTimeout")
 	c.Redis.Addr = d.str("redis.addr")
 	c.Redis.Username = d.str("redis.username")
 	c.Redis.Password = d.str("redis.password")
@@ -252,6 +258,18 @@ func (c *Config) validate() []error {
 	}
 	if _, err := mysql.ParseDSN(c.MySQL.DSN); err != nil {
 		bad("mysql.dsn", "%v", err)
+	} else if err := sqldb.CheckDSN(c.MySQL.DSN); err != nil {
+		for _, e := range unjoin(err) {
+			bad("mysql.dsn", "%v", e)
+		}
+	}
+	if w := c.MySQL.LockWaitTimeout; w < time.Second || w%time.Second != 0 {
+		bad("mysql.lockWaitTimeout", "want whole seconds of at least 1s, got %s", w)
+	} else if handle := c.handleTimeout(); w >= handle {
+		bad("mysql.lockWaitTimeout", "want less than the handling timeout (idempotent.lease/2 = %s), got %s", handle, w)
+	}
+	if w := c.MySQL.IdleTransactionTimeout; w < time.Second || w%time.Second != 0 {
+		bad("mysql.idleTransactionTimeout", "want whole seconds of at least 1s, got %s", w)
 	}
 	if c.MySQL.MaxOpenConns < 1 {
 		bad("mysql.maxOpenConns", "want at least 1, got %d", c.MySQL.MaxOpenConns)
@@ -464,6 +482,7 @@ func (c *Config) redacted() map[string]any {
 		"amqp.deliveryLimit": c.AMQP.DeliveryLimit,
 		"mysql.dsn":          dsn, "mysql.maxOpenConns": c.MySQL.MaxOpenConns,
 		"mysql.groupSize": c.MySQL.GroupSize, "mysql.groupConns": c.MySQL.GroupConns,
+		"mysql.lockWaitTimeout": c.MySQL.LockWaitTimeout.String(), "mysql.idleTransactionTimeout": c.MySQL.IdleTransactionTimeout.String(),
 		"redis.addr": c.Redis.Addr, "redis.username": c.Redis.Username, "redis.password": redisPassword, "redis.db": c.Redis.DB,
 		"redis.masterName": c.Redis.MasterName, "redis.tls": c.Redis.TLS, "redis.caFile": c.Redis.CAFile,
 		"amqp.caFile": c.AMQP.CAFile, "mysql.caFile": c.MySQL.CAFile,
@@ -476,6 +495,18 @@ func (c *Config) redacted() map[string]any {
 		"reconcile.interval":    c.Reconcile.Interval.String(), "reconcile.window": c.Reconcile.Window.String(),
 		"reconcile.fix": c.Reconcile.Fix,
 	}
+}
+
+// handleTimeout bounds one message's handling: half the claim's lease, so
+// that a claim never expires under a worker still at work.
+func (c *Config) handleTimeout() time.Duration { return c.Idempotent.Lease / 2 }
+
+// unjoin splits an errors.Join into its errors.
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
 }
 
 // secret shows whether a secret is set, never its value.

@@ -151,6 +151,17 @@ func TestConfigTable(t *testing.T) {
 		{"", map[string]string{"PAYSVC_RECONCILE_FIX": "true", "PAYSVC_RECONCILE_INTERVAL": "1h"}, ""},
 		{"admin:\n  token: short\n", nil, "admin.token"},
 		{"alert:\n  webhookUrl: ftp://x\n", nil, "alert.webhookUrl"},
+		{"", map[string]string{"PAYSVC_MYSQL_DSN": "root@tcp(127.0.0.1:3306)/paysvc?interpolateParams=false"},
+			"mysql.dsn: interpolateParams=false is not supported"},
+		{"", map[string]string{"PAYSVC_MYSQL_DSN": "root@tcp(127.0.0.1:3306)/paysvc?multiStatements=false&parseTime=false"},
+			"mysql.dsn: parseTime=false"},
+		{"", map[string]string{"PAYSVC_MYSQL_DSN": "root@tcp(127.0.0.1:3306)/paysvc?innodb_lock_wait_timeout=50"},
+			"configure mysql.lockWaitTimeout"},
+		{"", map[string]string{"PAYSVC_MYSQL_DSN": "root@tcp(127.0.0.1:3306)/paysvc?interpolateParams=true&parseTime=true"}, ""},
+		{"mysql:\n  lockWaitTimeout: 30s\n", nil, "mysql.lockWaitTimeout: want less than the handling timeout (idempotent.lease/2 = 30s)"},
+		{"mysql:\n  lockWaitTimeout: 1500ms\n", nil, "mysql.lockWaitTimeout: want whole seconds"},
+		{"mysql:\n  lockWaitTimeout: 29s\n  idleTransactionTimeout: 2s\n", nil, ""},
+		{"mysql:\n  idleTransactionTimeout: 0s\n", nil, "mysql.idleTransactionTimeout"},
 	}
 	for _, tt := range tests {
 		_, err := loadConfig(writeConfig(t, tt.yaml), true, tt.env)

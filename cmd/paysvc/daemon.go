@@ -76,7 +76,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		MainQueueType:  cfg.AMQP.QueueType,
 		DeliveryLimit:  cfg.AMQP.DeliveryLimit,
 		RedisFallback:  listener.Fallback(cfg.Idempotent.RedisFallback),
-		HandleTimeout:  cfg.Idempotent.Lease / 2,
+		HandleTimeout:  cfg.handleTimeout(),
 		DrainTimeout:   cfg.AMQP.DrainTimeout,
 		PublishTimeout: 10 * time.Second,
 		MaxBackoff:     15 * time.Second,

@@ -216,8 +216,14 @@ func openMySQL(ctx context.Context, cfg *Config, log *zap.Logger) (*sqldb.DB, er
 	if err != nil {
 		return nil, err
 	}
+	opts := sqldb.Options{MaxOpen: cfg.MySQL.MaxOpenConns,
+		LockWait: cfg.MySQL.LockWaitTimeout, IdleTransaction: cfg.MySQL.IdleTransactionTimeout}
 	for {
-		db, err := sqldb.Open(ctx, dsn, cfg.MySQL.MaxOpenConns)
+		db, err := sqldb.OpenWith(ctx, dsn, opts)
+		var settings *sqldb.SettingsError
+		if errors.As(err, &settings) {
+			return nil, err // waiting cannot fix it
+		}
 		if err == nil {
 			if err := sqldb.CheckSchema(ctx, db, ms); err != nil {
 				db.Close()

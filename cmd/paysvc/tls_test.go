@@ -88,26 +88,9 @@ func TestMySQLTLS(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	ca := testenv.CA(t)
-	dir := t.TempDir()
-	if out, err := exec.Command("mariadb-install-db", "--no-defaults", "--datadir="+dir+"/data",
-		"--auth-root-authentication-method=normal", "--skip-test-db").CombinedOutput(); err != nil {
-		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
-	}
-	addr := freeAddr(t)
-	_, port, _ := net.SplitHostPort(addr)
-	args := []string{"--no-defaults", "--datadir=" + dir + "/data", "--port=" + port, "--bind-address=127.0.0.1",
-		"--socket=" + dir + "/sock", "--pid-file=" + dir + "/pid", "--skip-log-bin", "--innodb-buffer-pool-size=16M",
-		"--ssl-cert=" + filepath.Join(ca, "server.pem"), "--ssl-key=" + filepath.Join(ca, "server-key.pem"),
-		"--ssl-ca=" + filepath.Join(ca, "ca.pem"), "--require-secure-transport=ON"}
-	if os.Geteuid() == 0 {
-		args = append(args, "--user=root")
-	}
-	srv := exec.Command("mariadbd", args...)
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	waitPort(t, addr)
+	addr := testenv.MariaDB(t, "--skip-log-bin",
+		"--ssl-cert="+filepath.Join(ca, "server.pem"), "--ssl-key="+filepath.Join(ca, "server-key.pem"),
+		"--ssl-ca="+filepath.Join(ca, "ca.pem"), "--require-secure-transport=ON")
 
 	dsn := "root@tcp(" + addr + ")/paysvc_tls"
 	caFile := filepath.Join(ca, "ca.pem")

@@ -42,6 +42,7 @@ const (
 	ClassNoAccount        Class = "account_not_found"
 	ClassInFlight         Class = "in_flight"
 	ClassDeadlock         Class = "deadlock"
+	ClassLockWait         Class = "lock_wait_timeout"
 	ClassUnknown          Class = "unknown"
 	ClassMySQLUnavailable Class = "mysql_unavailable"
 	ClassCommitUnknown    Class = "commit_unknown"
@@ -97,6 +98,11 @@ func classify(err error) (Kind, Class) {
 		return Retryable, ClassInFlight
 	case sqldb.IsDeadlock(err):
 		return Retryable, ClassDeadlock
+	case sqldb.IsLockWait(err):
+		// A row stayed locked for mysql.lockWaitTimeout (an operator's
+		// open transaction, say): this payment waits in a wait queue and
+		// spends an attempt; the others go on.
+		return Retryable, ClassLockWait
 	}
 	return Retryable, ClassUnknown
 }

@@ -40,7 +40,7 @@ func TestClassify(t *testing.T) {
 		{wrap(account.ErrNoAccount), Retryable, ClassNoAccount},
 		{errInFlight, Retryable, ClassInFlight},
 		{wrap(&mysql.MySQLError{Number: 1213}), Retryable, ClassDeadlock},
-		{wrap(&mysql.MySQLError{Number: 1205}), Retryable, ClassDeadlock},
+		{wrap(&mysql.MySQLError{Number: 1205}), Retryable, ClassLockWait},
 		{wrap(&mysql.MySQLError{Number: 1146, Message: "no such table"}), Unavailable, ClassMySQLError},
 		{wrap(&mysql.MySQLError{Number: 1142, Message: "command denied"}), Unavailable, ClassMySQLError},
 		{wrap(&mysql.MySQLError{Number: 1406, Message: "data too long"}), Retryable, ClassUnknown},

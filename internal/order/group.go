@@ -100,9 +100,10 @@ func (g *Grouper) commit(reqs []*request) {
 	g.run(reqs)
 }
 
-// run commits one group and answers each of its payments. A deadlock, lock
-// wait timeout or lost connection retries the group once; after that, and
-// after any other error before COMMIT, each payment runs alone.
+// run commits one group and answers each of its payments. A deadlock or a
+// lost connection retries the group once; after that, and after any other
+// error before COMMIT (a lock wait timeout among them: one locked row must
+// not hold the others twice), each payment runs alone.
 func (g *Grouper) run(reqs []*request) {
 	// Every group takes its rows in the same order, by user then order
 	// number (each chain locks its order row, then the user's account), so

@@ -28,7 +28,7 @@ type Payment struct {
 type Store struct {
 	db *sqlx.DB
 	// Attempts bounds how often Pay runs its transaction when it hits a
-	// deadlock, a lock wait timeout or a lost connection.
+	// deadlock or a lost connection.
 	Attempts int
 	// OnRetry, if set, is told each time a transaction (a payment's or a
 	// group's) is run again after such an error. Set it before use.
@@ -56,8 +56,10 @@ func (s *Store) Pay(ctx context.Context, p Payment) error {
 		if err == nil || !sqldb.Transient(err) || attempt >= s.Attempts {
 			break
 		}
-		// Deadlock, lock wait timeout or lost connection: the transaction was
-		// rolled back as a whole; run it again after a jittered pause.
+		// Deadlock or lost connection: the transaction was rolled back as a
+		// whole; run it again after a jittered pause. A lock wait timeout is
+		// returned as it is: it has waited mysql.lockWaitTimeout already, and
+		// the caller retries it later.
 		s.retried(err)
 		pause := time.Duration(attempt)*20*time.Millisecond + rand.N(30*time.Millisecond)
 		select {

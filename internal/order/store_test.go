@@ -214,59 +214,74 @@ func TestPayRaceOneWinner(t *testing.T) {
 	}
 }
 
-// A lock wait timeout (1205) rolls back only the statement; Pay rolls back
-// the whole transaction and runs it again. A competing transaction holds the
-// account row past paysvc's lock wait timeout (1s), then lets go.
-func TestPayRetriesLockWaitTimeoutInPlace(t *testing.T) {
+// A row lock held for a minute by another connection (an operator's open
+// transaction) surfaces as a lock wait timeout (1205) after paysvc's own
+// bound (mysql.lockWaitTimeout, here 1 s), not after InnoDB's default 50 s
+// or the handling timeout; Pay does not wait it out again in place (the
+// caller retries it later, counted), and nothing is left half-done.
+func TestPayLockWaitTimeoutReturnsAtOnce(t *testing.T) {
 	t.Parallel()
 	dsn, db := testenv.MySQL(t)
 	seed(t, db, "LW1", 11, "1.00", "10.00")
-	seed(t, db, "LW2", 11, "1.00", "10.00")
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
-	short, err := sqldb.Open(context.Background(), cfg.FormatDSN(), 4)
+	short, err := sqldb.OpenWith(context.Background(), dsn, sqldb.Options{MaxOpen: 4, LockWait: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer short.Close()
 
-	hold := func(d time.Duration) <-chan struct{} {
-		released := make(chan struct{})
-		tx := db.MustBegin()
-		tx.MustExec("SELECT balance FROM t_account WHERE user_id = 11 FOR UPDATE")
-		time.AfterFunc(d, func() { tx.Rollback(); close(released) })
-		return released
-	}
+	holder := db.MustBegin()
+	defer holder.Rollback()
+	holder.MustExec("SELECT balance FROM t_account WHERE user_id = 11 FOR UPDATE")
+	release := time.AfterFunc(60*time.Second, func() { holder.Rollback() })
+	defer release.Stop()
 
-	// One attempt: the timeout surfaces, and nothing is left half-done.
-	released := hold(3 * time.Second)
-	once := order.NewStore(short)
-	once.Attempts = 1
-	err = once.Pay(context.Background(), pay("LW1", 11, 100))
-	if !sqldb.IsDeadlock(err) {
-		t.Fatalf("single attempt: %v, want a lock wait timeout", err)
+	store := order.NewStore(short) // 3 attempts for deadlocks and lost connections
+	var retries []error
+	store.OnRetry = func(err error) { retries = append(retries, err) }
+	start := time.Now()
+	err = store.Pay(context.Background(), pay("LW1", 11, 100))
+	took := time.Since(start)
+	if !sqldb.IsLockWait(err) {
+		t.Fatalf("Pay = %v, want a lock wait timeout", err)
+	}
+	if took > 5*time.Second || len(retries) != 0 {
+		t.Fatalf("Pay took %s with %d in-place retries; want one wait of about 1s", took, len(retries))
 	}
 	if got := read(t, db, "LW1", 11); got.Status != order.Init || got.Flows != 0 {
 		t.Fatalf("after a lock wait timeout: %+v, want INIT with no flow", got)
 	}
-	<-released
+	holder.Rollback()
+	if err := store.Pay(context.Background(), pay("LW1", 11, 100)); err != nil {
+		t.Fatalf("after the lock is released: %v", err)
+	}
+	if got := read(t, db, "LW1", 11); got.Status != order.Paid || got.Flows != 1 || got.Balance != 900 {
+		t.Fatalf("after the retry: %+v", got)
+	}
+}
 
-	// Three attempts: the lock is released during the second wait.
-	hold(1500 * time.Millisecond)
-	retrying := order.NewStore(short)
-	var retries []error
-	retrying.OnRetry = func(err error) { retries = append(retries, err) }
-	if err := retrying.Pay(context.Background(), pay("LW2", 11, 100)); err != nil {
-		t.Fatalf("with retries: %v", err)
+// A payment for an order that does not exist yet, left in an open
+// transaction (a frozen instance), must not block the order's creation:
+// READ COMMITTED takes no gap lock where REPEATABLE READ would.
+func TestMissedOrderTakesNoGapLock(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	seed(t, db, "GAP-A", 13, "1.00", "10.00")
+	seed(t, db, "GAP-Z", 13, "1.00", "10.00")
+	frozen := db.MustBegin() // a paysvc session: READ COMMITTED
+	defer frozen.Rollback()
+	res := frozen.MustExec(`UPDATE t_order SET status = 'PAID' WHERE order_no = 'GAP-M' AND status = 'INIT'
+		AND user_id = 13 AND amount = CAST('1.00' AS DECIMAL(18,2))`)
+	if n, _ := res.RowsAffected(); n != 0 {
+		t.Fatalf("the missing order's CAS changed %d rows", n)
 	}
-	if len(retries) == 0 || !sqldb.IsDeadlock(retries[0]) {
-		t.Fatalf("OnRetry told %v, want the lock wait timeout", retries)
+	other := db.MustBegin()
+	defer other.Rollback()
+	other.MustExec("SET SESSION innodb_lock_wait_timeout = 1")
+	if _, err := other.Exec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('GAP-M', 13, 1.00)"); err != nil {
+		t.Fatalf("creating the order behind an open payment transaction: %v", err)
 	}
-	if got := read(t, db, "LW2", 11); got.Status != order.Paid || got.Flows != 1 || got.Balance != 900 {
-		t.Fatalf("after retry: %+v", got)
+	if err := other.Commit(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -3,6 +3,7 @@
 package sqldb
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"database/sql"
@@ -11,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,48 +26,138 @@ import (
 // the outcome.
 var ErrCommitUnknown = errors.New("commit outcome unknown")
 
-// Open connects to MySQL and checks the connection. It forces the DSN options
-// the stores rely on: parseTime, and a bounded dial timeout.
+// Options are the pool size and the session settings of every connection.
+type Options struct {
+	MaxOpen int
+	// LockWait bounds one wait for a row lock (innodb_lock_wait_timeout,
+	// whole seconds, at least 1 s; 0: DefaultLockWait). A wait that long
+	// ends in error 1205, which the caller retries as a whole later.
+	LockWait time.Duration
+	// IdleTransaction ends a connection whose transaction sits idle this long
+	// (0: DefaultIdleTransaction): a client that vanished mid-transaction
+	// (a black-holed network, a frozen process) cannot hold order and
+	// account locks for hours. MariaDB's idle_transaction_timeout; on MySQL,
+	// which has none, wait_timeout (idle pooled connections are retired
+	// before it).
+	IdleTransaction time.Duration
+}
+
+// Defaults for Options.
+const (
+	DefaultLockWait        = 5 * time.Second
+	DefaultIdleTransaction = 30 * time.Second
+)
+
+// SettingsError is a server or DSN setting paysvc cannot run with:
+// reconnecting cannot fix it, so start-up stops on it.
+type SettingsError struct{ Err error }
+
+func (e *SettingsError) Error() string { return e.Err.Error() }
+func (e *SettingsError) Unwrap() error { return e.Err }
+
+// Open connects with the default session settings (Options).
 func Open(ctx context.Context, dsn string, maxOpen int) (*sqlx.DB, error) {
+	return OpenWith(ctx, dsn, Options{MaxOpen: maxOpen})
+}
+
+// OpenWith connects to MySQL and checks the connection. It refuses a DSN
+// that changes what the stores rely on (CheckDSN) and a server that logs
+// statements for replication (binlog_format=STATEMENT) or is not strict,
+// both with a *SettingsError. Every connection runs READ COMMITTED (no gap
+// locks: a payment for an order not yet created cannot block its insert),
+// with opts' lock wait and idle-transaction bounds, and has its running
+// statement killed on the server when the statement's context ends.
+func OpenWith(ctx context.Context, dsn string, opts Options) (*sqlx.DB, error) {
+	if err := CheckDSN(dsn); err != nil {
+		return nil, &SettingsError{fmt.Errorf("mysql dsn: %w", err)}
+	}
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("mysql dsn: %w", err)
+		return nil, &SettingsError{fmt.Errorf("mysql dsn: %w", err)}
 	}
+	opts.LockWait = cmp.Or(opts.LockWait, DefaultLockWait)
+	opts.IdleTransaction = cmp.Or(opts.IdleTransaction, DefaultIdleTransaction)
 	cfg.ParseTime = true
-	// The payment runs its four statements in one round trip (order.Store).
-	// Every query here is a constant with escaped parameters.
-	cfg.MultiStatements = true
-	if !strings.Contains(dsn, "interpolateParams=false") {
-		// One round trip per statement instead of prepare, execute and
-		// close; safe with utf8mb4 (the driver refuses unsafe charsets).
-		cfg.InterpolateParams = true
-	}
+	cfg.MultiStatements = true // a payment's writes are one multi-statement (order.Store)
+	// One round trip per statement instead of prepare, execute and close;
+	// safe with utf8mb4 (the driver refuses unsafe charsets). Every query is
+	// a constant with escaped parameters.
+	cfg.InterpolateParams = true
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}
 	}
-	if _, ok := cfg.Params["time_zone"]; !ok {
-		// DATETIME columns hold UTC, written by Go and by CURRENT_TIMESTAMP alike.
-		cfg.Params["time_zone"] = "'+00:00'"
-	}
+	// DATETIME columns hold UTC, written by Go and by CURRENT_TIMESTAMP alike.
+	cfg.Params["time_zone"] = "'+00:00'"
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	connector, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("mysql dsn: %w", err)
-	}
-	db := sqlx.NewDb(sql.OpenDB(connector), "mysql")
-	db.SetMaxOpenConns(maxOpen)
-	db.SetMaxIdleConns(maxOpen)
-	db.SetConnMaxLifetime(30 * time.Minute)
-	db.SetConnMaxIdleTime(5 * time.Minute)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	srv, err := inspect(pingCtx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Params["innodb_lock_wait_timeout"] = strconv.Itoa(max(1, int(opts.LockWait.Round(time.Second)/time.Second)))
+	idle := strconv.Itoa(max(1, int(opts.IdleTransaction.Round(time.Second)/time.Second)))
+	if srv.mariaDB {
+		cfg.Params["tx_isolation"] = "'READ-COMMITTED'"
+		cfg.Params["idle_transaction_timeout"] = idle
+	} else {
+		cfg.Params["transaction_isolation"] = "'READ-COMMITTED'"
+		cfg.Params["wait_timeout"] = idle
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, &SettingsError{fmt.Errorf("mysql dsn: %w", err)}
+	}
+	db := sqlx.NewDb(sql.OpenDB(killingConnector{connector}), "mysql")
+	db.SetMaxOpenConns(opts.MaxOpen)
+	db.SetMaxIdleConns(opts.MaxOpen)
+	db.SetConnMaxLifetime(30 * time.Minute)
+	db.SetConnMaxIdleTime(5 * time.Minute)
+	if !srv.mariaDB {
+		db.SetConnMaxIdleTime(min(5*time.Minute, opts.IdleTransaction/2))
+	}
 	if err := db.PingContext(pingCtx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("mysql %s: %w", cfg.Addr, err)
 	}
 	return db, nil
+}
+
+// server is what OpenWith learns from the server before it opens the pool.
+type server struct {
+	mariaDB bool
+}
+
+// inspect connects once and reads the server's flavor and the settings
+// paysvc cannot run with.
+func inspect(ctx context.Context, cfg *mysql.Config) (server, error) {
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return server{}, &SettingsError{fmt.Errorf("mysql dsn: %w", err)}
+	}
+	db := sql.OpenDB(connector)
+	defer db.Close()
+	var (
+		version, format, mode string
+		logBin                int
+	)
+	err = db.QueryRowContext(ctx, "SELECT @@version, @@log_bin, @@session.binlog_format, @@session.sql_mode").
+		Scan(&version, &logBin, &format, &mode)
+	if err != nil {
+		return server{}, fmt.Errorf("mysql %s: %w", cfg.Addr, err)
+	}
+	if logBin == 1 && strings.EqualFold(format, "STATEMENT") {
+		return server{}, &SettingsError{fmt.Errorf("mysql %s: binary logging with binlog_format=STATEMENT: "+
+			"paysvc runs its payments under READ COMMITTED, which InnoDB refuses to log as statements, and a "+
+			"payment's ROW_COUNT() guards are unsafe for statement replication; set binlog_format=ROW (or MIXED)", cfg.Addr)}
+	}
+	if !strictMode(mode) {
+		return server{}, &SettingsError{fmt.Errorf("mysql %s: sql_mode %q is not strict: an oversized or out-of-range "+
+			"value would be cut silently; add STRICT_TRANS_TABLES to the server's sql_mode or to the DSN (sql_mode=...)", cfg.Addr, mode)}
+	}
+	return server{mariaDB: strings.Contains(strings.ToLower(version), "mariadb")}, nil
 }
 
 // InTx runs fn in one transaction. fn's error rolls everything back and is
@@ -113,12 +205,14 @@ func code(err error) uint16 {
 // IsDuplicateKey reports a unique-index violation (1062).
 func IsDuplicateKey(err error) bool { return code(err) == errDupEntry }
 
-// IsDeadlock reports a deadlock (1213) or a lock wait timeout (1205): the
-// transaction can be retried as a whole.
-func IsDeadlock(err error) bool {
-	c := code(err)
-	return c == errDeadlock || c == errLockWait
-}
+// IsDeadlock reports a deadlock (1213): InnoDB rolled the transaction back
+// at once, and running it again as a whole usually succeeds.
+func IsDeadlock(err error) bool { return code(err) == errDeadlock }
+
+// IsLockWait reports a lock wait timeout (1205): a row stayed locked for the
+// whole innodb_lock_wait_timeout. MySQL rolled back only the statement: roll
+// back the transaction, and try again later rather than at once.
+func IsLockWait(err error) bool { return code(err) == errLockWait }
 
 // IsConnection reports a lost or refused connection, a killed connection or
 // query, or a server that is shutting down or read-only: the server, not the
@@ -154,8 +248,10 @@ func IsSchemaOrPermission(err error) bool {
 	return false
 }
 
-// Transient reports an error worth retrying the whole transaction in place.
-// A commit whose outcome is unknown is not transient: it must be re-read.
+// Transient reports an error worth retrying the whole transaction in place
+// at once: a deadlock or a lost connection. A lock wait timeout is not (it
+// has already waited long), nor is a commit whose outcome is unknown (it
+// must be re-read).
 func Transient(err error) bool {
 	if errors.Is(err, ErrCommitUnknown) {
 		return false

@@ -18,6 +18,18 @@ type Proxy struct {
 	mu    sync.Mutex
 	ln    net.Listener
 	conns map[net.Conn]struct{}
+	hole  func(toServer []byte) bool
+}
+
+// BlackholeWhen makes the proxy black-hole a connection as soon as a chunk
+// the client sends matches: that chunk and everything after it, both ways,
+// is dropped, and the server's side stays open (no FIN, no reset), as
+// behind a dead network path. The server learns nothing until its own
+// timeouts fire. Down closes everything.
+func (p *Proxy) BlackholeWhen(match func(toServer []byte) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hole = match
 }
 
 // NewProxy listens on a free loopback port and forwards to target.
@@ -104,10 +116,37 @@ func (p *Proxy) pipe(client net.Conn) {
 		client.Close()
 		return
 	}
-	done := make(chan struct{}, 2)
-	go func() { io.Copy(server, client); done <- struct{}{} }()
-	go func() { io.Copy(client, server); done <- struct{}{} }()
-	<-done
+	done := make(chan bool, 2)
+	go func() { done <- p.forward(server, client) }()
+	go func() { io.Copy(client, server); done <- false }()
+	if holed := <-done; holed {
+		// Keep the server's side open: Down closes it.
+		client.Close()
+		return
+	}
 	client.Close()
 	server.Close()
+}
+
+// forward copies what the client sends to the server until either side
+// ends, or, when a chunk matches the black-hole rule, stops and reports true.
+func (p *Proxy) forward(server, client net.Conn) bool {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := client.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			hole := p.hole
+			p.mu.Unlock()
+			if hole != nil && hole(buf[:n]) {
+				return true
+			}
+			if _, werr := server.Write(buf[:n]); werr != nil {
+				return false
+			}
+		}
+		if err != nil {
+			return false
+		}
+	}
 }

@@ -1,0 +1,135 @@
+package sqldb
+
+import (
+	"context"
+	"database/sql/driver"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// A cancelled context makes the driver drop its connection, but the server
+// goes on running the statement (a lock wait, say) and keeps every lock the
+// transaction took until it ends. killingConnector's connections kill their
+// statement on the server, with KILL QUERY from a side connection, as soon
+// as its context ends: the server then rolls the transaction back when it
+// finds the client gone, and the locks are free.
+type killingConnector struct {
+	driver.Connector
+}
+
+// killTimeout bounds the side connection that sends KILL QUERY.
+const killTimeout = 5 * time.Second
+
+func (k killingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	c, err := k.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	id, err := connectionID(ctx, c)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &killingConn{inner: c, id: id, connector: k.Connector}, nil
+}
+
+func connectionID(ctx context.Context, c driver.Conn) (uint64, error) {
+	rows, err := c.(driver.QueryerContext).QueryContext(ctx, "SELECT CONNECTION_ID()", nil)
+	if err != nil {
+		return 0, fmt.Errorf("connection id: %w", err)
+	}
+	defer rows.Close()
+	v := make([]driver.Value, 1)
+	if err := rows.Next(v); err != nil {
+		return 0, fmt.Errorf("connection id: %w", err)
+	}
+	switch id := v[0].(type) {
+	case int64:
+		return uint64(id), nil
+	case uint64:
+		return id, nil
+	case []byte:
+		var n uint64
+		_, err := fmt.Sscan(string(id), &n)
+		return n, err
+	}
+	return 0, fmt.Errorf("connection id: unexpected %T", v[0])
+}
+
+// killingConn is a driver connection that kills its running statement on
+// the server when the statement's context ends. After that the connection
+// is never reused: it reports itself bad, so a late KILL cannot hit another
+// caller's statement.
+type killingConn struct {
+	inner     driver.Conn
+	id        uint64
+	connector driver.Connector
+	killed    atomic.Bool
+}
+
+// watch arranges the kill for ctx; the returned func disarms it.
+func (c *killingConn) watch(ctx context.Context) func() {
+	if ctx.Done() == nil {
+		return func() {}
+	}
+	stop := context.AfterFunc(ctx, func() {
+		c.killed.Store(true)
+		kctx, cancel := context.WithTimeout(context.Background(), killTimeout)
+		defer cancel()
+		side, err := c.connector.Connect(kctx)
+		if err != nil {
+			return // the server is unreachable: the statement dies with the connection
+		}
+		defer side.Close()
+		side.(driver.ExecerContext).ExecContext(kctx, fmt.Sprintf("KILL QUERY %d", c.id), nil)
+	})
+	return func() {
+		if !stop() {
+			c.killed.Store(true) // the kill is under way or done
+		}
+	}
+}
+
+func (c *killingConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	defer c.watch(ctx)()
+	return c.inner.(driver.ExecerContext).ExecContext(ctx, query, args)
+}
+
+func (c *killingConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	defer c.watch(ctx)()
+	return c.inner.(driver.QueryerContext).QueryContext(ctx, query, args)
+}
+
+func (c *killingConn) Prepare(query string) (driver.Stmt, error) { return c.inner.Prepare(query) }
+func (c *killingConn) Close() error                              { return c.inner.Close() }
+func (c *killingConn) Begin() (driver.Tx, error) {
+	return c.inner.Begin() //nolint:staticcheck // required by driver.Conn
+}
+
+func (c *killingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	return c.inner.(driver.ConnBeginTx).BeginTx(ctx, opts)
+}
+
+func (c *killingConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	return c.inner.(driver.ConnPrepareContext).PrepareContext(ctx, query)
+}
+
+func (c *killingConn) Ping(ctx context.Context) error {
+	return c.inner.(driver.Pinger).Ping(ctx)
+}
+
+func (c *killingConn) CheckNamedValue(nv *driver.NamedValue) error {
+	return c.inner.(driver.NamedValueChecker).CheckNamedValue(nv)
+}
+
+func (c *killingConn) ResetSession(ctx context.Context) error {
+	if c.killed.Load() {
+		return driver.ErrBadConn
+	}
+	return c.inner.(driver.SessionResetter).ResetSession(ctx)
+}
+
+func (c *killingConn) IsValid() bool {
+	return !c.killed.Load() && c.inner.(driver.Validator).IsValid()
+}

@@ -1,0 +1,186 @@
+package sqldb_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paysvc/paysvc/internal/sqldb"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+func TestCheckDSN(t *testing.T) {
+	for _, tc := range []struct {
+		dsn  string
+		want []string // substrings of the error; none: accepted
+	}{
+		{"root@tcp(127.0.0.1:3306)/paysvc", nil},
+		{"u:p?a/ss@tcp(db:3306)/paysvc?parseTime=true&interpolateParams=true&multiStatements=true&loc=UTC", nil},
+		{"u:p@tcp(db:3306)/paysvc?time_zone=%27%2B00%3A00%27&sql_mode=STRICT_ALL_TABLES", nil},
+		{"root@tcp(127.0.0.1:3306)/paysvc?interpolateParams=false", []string{"interpolateParams=false", "driver.ErrSkip"}},
+		{"root@tcp(127.0.0.1:3306)/paysvc?multiStatements=false", []string{"multiStatements=false"}},
+		{"root@tcp(127.0.0.1:3306)/paysvc?parseTime=false", []string{"parseTime=false"}},
+		{"root@tcp(127.0.0.1:3306)/paysvc?clientFoundRows=true", []string{"clientFoundRows=true"}},
+		{"root@tcp(127.0.0.1:3306)/paysvc?loc=Local", []string{"loc=Local"}},
+		{"root@tcp(127.0.0.1:3306)/paysvc?time_zone=%27%2B08%3A00%27", []string{"time_zone='+08:00'"}},
+		{"root@tcp(127.0.0.1:3306)/paysvc?autocommit=0", []string{"autocommit=0"}},
+		{"root@tcp(127.0.0.1:3306)/paysvc?innodb_lock_wait_timeout=50", []string{"innodb_lock_wait_timeout", "mysql.lockWaitTimeout"}},
+		{"root@tcp(127.0.0.1:3306)/paysvc?tx_isolation=%27REPEATABLE-READ%27", []string{"tx_isolation"}},
+		{"root@tcp(127.0.0.1:3306)/paysvc?sql_mode=%27NO_ENGINE_SUBSTITUTION%27", []string{"not strict"}},
+		{"root@tcp(127.0.0.1:3306)/paysvc?interpolateParams=false&parseTime=false", []string{"interpolateParams", "parseTime"}},
+	} {
+		err := sqldb.CheckDSN(tc.dsn)
+		if len(tc.want) == 0 {
+			if err != nil {
+				t.Errorf("CheckDSN(%q) = %v, want nil", tc.dsn, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("CheckDSN(%q) = nil, want an error naming %q", tc.dsn, tc.want)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("CheckDSN(%q) = %v, want it to name %q", tc.dsn, err, w)
+			}
+		}
+	}
+}
+
+// A DSN that turns off what the payment needs never opens a pool.
+func TestOpenRefusesInterpolateParamsFalse(t *testing.T) {
+	dsn, _ := testenv.MySQL(t)
+	db, err := sqldb.Open(context.Background(), dsn+"?interpolateParams=false", 1)
+	var se *sqldb.SettingsError
+	if err == nil {
+		db.Close()
+	}
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), "interpolateParams") {
+		t.Fatalf("Open = %v, want a SettingsError naming interpolateParams", err)
+	}
+}
+
+// Every connection runs READ COMMITTED with paysvc's lock wait bound.
+func TestSessionSettings(t *testing.T) {
+	t.Parallel()
+	dsn, _ := testenv.MySQL(t)
+	db, err := sqldb.OpenWith(context.Background(), dsn, sqldb.Options{MaxOpen: 2, LockWait: 3 * time.Second, IdleTransaction: 7 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var iso string
+	var lockWait, idle int
+	if err := db.QueryRow("SELECT @@session.tx_isolation, @@session.innodb_lock_wait_timeout, @@session.idle_transaction_timeout").
+		Scan(&iso, &lockWait, &idle); err != nil {
+		t.Fatal(err)
+	}
+	if iso != "READ-COMMITTED" || lockWait != 3 || idle != 7 {
+		t.Fatalf("session: isolation %s, lock wait %d, idle transaction %d; want READ-COMMITTED, 3, 7", iso, lockWait, idle)
+	}
+}
+
+// processlistHas reports whether a statement containing marker runs.
+func processlistHas(t *testing.T, db *sqlx.DB, marker string) bool {
+	t.Helper()
+	var n int
+	if err := db.Get(&n, "SELECT COUNT(*) FROM information_schema.processlist WHERE info LIKE ? AND id <> CONNECTION_ID()",
+		"%"+marker+"%"); err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+// A statement whose context ends is killed on the server at once, instead
+// of waiting out its lock (here 30 s) while the driver has hung up.
+func TestCancelledStatementIsKilledOnTheServer(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 10.00)")
+	holder := db.MustBegin()
+	defer holder.Rollback()
+	holder.MustExec("SELECT balance FROM t_account WHERE user_id = 1 FOR UPDATE")
+
+	pool, err := sqldb.OpenWith(context.Background(), dsn, sqldb.Options{MaxOpen: 2, LockWait: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = pool.ExecContext(ctx, "UPDATE t_account SET balance = balance - 1 /* kill-me */ WHERE user_id = 1")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("update = %v, want the context's deadline", err)
+	}
+	testenv.Eventually(t, 3*time.Second, func() bool { return !processlistHas(t, db, "kill-me") },
+		"the cancelled statement still runs on the server")
+	// The pool still works: the killed connection was not reused.
+	var one int
+	if err := pool.Get(&one, "SELECT 1"); err != nil || one != 1 {
+		t.Fatalf("pool after a kill: %d %v", one, err)
+	}
+}
+
+// A transaction left open by a client whose network went dark (here its
+// COMMIT is black-holed and the server's socket stays open) is ended by
+// the server after the idle-transaction bound, and its row locks with it.
+func TestIdleTransactionOfABlackholedClientEnds(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 10.00)")
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, cfg.Addr)
+	proxy.BlackholeWhen(func(b []byte) bool { return bytes.Contains(b, []byte("\x03COMMIT")) })
+	cfg.Addr = proxy.Addr()
+	pool, err := sqldb.OpenWith(context.Background(), cfg.FormatDSN(), sqldb.Options{MaxOpen: 2, IdleTransaction: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	err = sqldb.InTx(ctx, pool, func(tx *sqlx.Tx) error {
+		_, err := tx.ExecContext(ctx, "UPDATE t_account SET balance = 5.00 WHERE user_id = 1")
+		return err
+	})
+	if !errors.Is(err, sqldb.ErrCommitUnknown) {
+		t.Fatalf("InTx = %v, want commit unknown", err)
+	}
+	start := time.Now()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		tx := db.MustBegin()
+		defer tx.Rollback()
+		tx.MustExec("SET SESSION innodb_lock_wait_timeout = 1")
+		var bal string
+		return tx.Get(&bal, "SELECT balance FROM t_account WHERE user_id = 1 FOR UPDATE") == nil && bal == "10.00"
+	}, "the black-holed transaction still holds the row (or was committed)")
+	t.Logf("row lock free %s after the client gave up", time.Since(start).Round(100*time.Millisecond))
+}
+
+// With binary logging in STATEMENT format, READ COMMITTED writes fail and
+// ROW_COUNT() chains replicate wrongly: Open refuses, saying what to set.
+func TestOpenRefusesStatementBinlog(t *testing.T) {
+	t.Parallel()
+	addr := testenv.MariaDB(t, "--log-bin=binlog", "--binlog-format=STATEMENT", "--server-id=1")
+	_, err := sqldb.Open(context.Background(), "root@tcp("+addr+")/", 1)
+	var se *sqldb.SettingsError
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), "binlog_format=ROW") {
+		t.Fatalf("Open = %v, want a SettingsError asking for binlog_format=ROW", err)
+	}
+	// ROW is fine: the check is about the format, not about binary logging.
+	db, err := sqldb.Open(context.Background(), "root@tcp("+addr+")/?binlog_format=ROW", 1)
+	if err != nil {
+		t.Fatalf("Open with binlog_format=ROW: %v", err)
+	}
+	db.Close()
+}
