@@ -39,7 +39,7 @@ func mysqlCeiling(ctx context.Context, o *options, conc, n int, chained bool) (f
 		if chained {
 			return order.NewStore(db).Pay(ctx, pay)
 		}
-		return sqldb.InTx(ctx, db, func(tx *sqlx.Tx) error { return order.PayTx(ctx, tx, pay) })
+		return sqldb.InTx(ctx, db, func(tx *sqldb.Tx) error { return order.PayTx(ctx, tx, pay) })
 	})
 }
 
@@ -55,7 +55,7 @@ func groupedCeiling(ctx context.Context, o *options, conc, group, n int) (float6
 		})
 		var err error
 		for attempt := 0; attempt < 5; attempt++ {
-			err = sqldb.InTx(ctx, db, func(tx *sqlx.Tx) error {
+			err = sqldb.InTx(ctx, db, func(tx *sqldb.Tx) error {
 				for _, p := range batch {
 					if err := order.PayTx(ctx, tx, p.payment()); err != nil {
 						return err

@@ -92,7 +92,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	defer func() { stopHelpers(); wg.Wait() }()
 
 	wake := make(chan struct{}, 1)
-	parker := &listener.Parker{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Store: deadLetters, Log: log,
+	parker := &listener.Parker{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Store: deadLetters, Log: log, Metrics: m,
 		OnParked: func(_ int64, becameNew bool) {
 			if becameNew {
 				select {

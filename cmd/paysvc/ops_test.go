@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -323,5 +324,82 @@ func TestScheduledReconcile(t *testing.T) {
 	resp.Body.Close()
 	if !strings.Contains(string(body), "paysvc_reconcile_problems 1") {
 		t.Fatal("paysvc_reconcile_problems is not 1")
+	}
+}
+
+// Two different terminal messages for one (all-digit) order number: a real
+// payment that ran out of balance and a copy with another amount. Both are
+// kept with their own bodies and classes, each raises its alert, the admin
+// page links them, and the dlq commands never pick one silently.
+func TestSeveralDeadLettersForOneOrder(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	hook := &webhook{}
+	srv := httptest.NewServer(hook)
+	defer srv.Close()
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (23, 1.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('424242', 23, 5.00)")
+	httpAddr, _ := w.daemonInProcess("PAYSVC_RETRY_MAXATTEMPTS=1", "PAYSVC_ALERT_WEBHOOKURL="+srv.URL)
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("424242", 23, "5.00"), payment("424242", 23, "7.00"))
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_dead_letter WHERE order_no = '424242'") == 2
+	}, "both messages parked")
+	var rows []struct {
+		ID    int64  `db:"id"`
+		Class string `db:"error_class"`
+		Body  string `db:"body"`
+	}
+	if err := w.db.Select(&rows, "SELECT id, error_class, body FROM t_dead_letter WHERE order_no = '424242' ORDER BY error_class"); err != nil {
+		t.Fatal(err)
+	}
+	if rows[0].Class != "balance_not_enough" || !strings.Contains(rows[0].Body, `5.00`) ||
+		rows[1].Class != "mismatch" || !strings.Contains(rows[1].Body, `7.00`) {
+		t.Fatalf("rows %+v: want each message with its own class and body", rows)
+	}
+	balanceID, mismatchID := fmt.Sprint(rows[0].ID), fmt.Sprint(rows[1].ID)
+	testenv.Eventually(t, 10*time.Second, func() bool { return hook.forOrder("424242") == 2 }, "one alert per dead letter")
+
+	out := w.mustCLI("dlq", "show", "424242")
+	if !strings.Contains(out, "id               "+balanceID) && !strings.Contains(out, "balance_not_enough") ||
+		!strings.Contains(out, "mismatch") {
+		t.Fatalf("dlq show of the order does not show both:\n%s", out)
+	}
+	if _, err := w.cli("dlq", "replay", "424242", "--reason", "x"); err == nil || !strings.Contains(err.Error(), "--all-of-order") ||
+		!strings.Contains(err.Error(), "id "+balanceID) || !strings.Contains(err.Error(), "id "+mismatchID) {
+		t.Fatalf("replay by an order with two dead letters: %v; want a refusal listing both", err)
+	}
+	// An all-digit argument that is a row id but no order number is refused.
+	if _, err := w.cli("dlq", "show", balanceID); err == nil || !strings.Contains(err.Error(), "--id "+balanceID) {
+		t.Fatalf("dlq show %s: %v; want a refusal naming --id", balanceID, err)
+	}
+	out = w.mustCLI("dlq", "show", "--id", mismatchID)
+	if !strings.Contains(out, "mismatch") || strings.Contains(out, "balance_not_enough") {
+		t.Fatalf("dlq show --id %s:\n%s", mismatchID, out)
+	}
+	w.mustCLI("dlq", "discard", "--id", mismatchID, "--reason", "wrong amount from the producer")
+	w.db.MustExec("UPDATE t_account SET balance = 10.00 WHERE user_id = 23")
+	// One replayable row left for the order: naming the order is enough now.
+	out = w.mustCLI("dlq", "replay", "--order", "424242", "--reason", "topped up")
+	if !strings.Contains(out, balanceID) || strings.Contains(out, mismatchID+" ") {
+		t.Fatalf("replay of the order replayed:\n%s", out)
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_order WHERE order_no = '424242' AND status = 'PAID'") == 1
+	}, "the replayed payment was not applied")
+	if n := w.count("SELECT COUNT(*) FROM t_account_flow WHERE biz_no = '424242'"); n != 1 {
+		t.Fatalf("%d flows for the order, want 1", n)
+	}
+
+	// The admin page shows the other dead letter of the order.
+	req, _ := http.NewRequest("GET", "http://"+httpAddr+"/dlq/"+balanceID, nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(page), `href="/dlq/`+mismatchID+`"`) {
+		t.Fatalf("the page of dead letter %s does not link %s:\n%s", balanceID, mismatchID, page)
 	}
 }

@@ -26,10 +26,11 @@ const usage = `usage: paysvc [--config FILE] <command> [arguments]
 commands:
   migrate                 apply the embedded schema migrations (safe to re-run)
   run                     consume q.pay.success until SIGTERM or SIGINT
-  dlq list [--class C] [--since T] [--status S]
-  dlq show ID|ORDER_NO
-  dlq replay (ID|ORDER_NO... | --class C | --all) [--dry-run] --reason "..." [--operator NAME] [--rate N]
-  dlq discard ID|ORDER_NO --reason "..." [--operator NAME]
+  dlq list [--order ORDER_NO] [--class C] [--since T] [--status S]
+  dlq show ORDER_NO... | --order ORDER_NO... | --id N...
+  dlq replay (ORDER_NO... | --order ORDER_NO... | --id N... | --class C | --all) [--all-of-order]
+             [--dry-run] --reason "..." [--operator NAME] [--rate N]
+  dlq discard (ORDER_NO | --order ORDER_NO | --id N)... [--all-of-order] --reason "..." [--operator NAME]
   reconcile [--from T] [--to T] [--fix]   exit status 2 when it finds problems
   trace ORDER_NO [--log FILE]
   version                 print the version

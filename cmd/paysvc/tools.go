@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -25,8 +26,8 @@ import (
 // cliOptions are the flags of the operator commands.
 type cliOptions struct {
 	class, since, status, reason, operator, from, to string
-	logs                                             multiFlag
-	all, dryRun, fix                                 bool
+	logs, ids, orders                                multiFlag
+	all, allOfOrder, dryRun, fix                     bool
 	rate                                             float64
 	limit                                            int
 }
@@ -39,10 +40,14 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 func (o *cliOptions) define(name, sub string, fs *flag.FlagSet) {
 	switch {
 	case name == "dlq" && sub == "list":
+		fs.Var(&o.orders, "order", "dead letters of this order number")
 		fs.StringVar(&o.class, "class", "", "error class")
 		fs.StringVar(&o.since, "since", "", "last failed at or after: RFC 3339 time, date, or duration back (24h)")
 		fs.StringVar(&o.status, "status", "", "NEW, REPLAYED or DISCARDED")
 		fs.IntVar(&o.limit, "limit", 100, "rows at most")
+	case name == "dlq" && sub == "show":
+		fs.Var(&o.ids, "id", "a dead letter id (repeatable)")
+		fs.Var(&o.orders, "order", "an order number, even an all-digit one (repeatable)")
 	case name == "dlq" && sub == "replay":
 		fs.StringVar(&o.class, "class", "", "replay every NEW dead letter of this class")
 		fs.BoolVar(&o.all, "all", false, "replay every NEW dead letter")
@@ -50,6 +55,9 @@ func (o *cliOptions) define(name, sub string, fs *flag.FlagSet) {
 		fs.Float64Var(&o.rate, "rate", 20, "replays per second at most")
 		fallthrough
 	case name == "dlq" && sub == "discard":
+		fs.Var(&o.ids, "id", "a dead letter id (repeatable)")
+		fs.Var(&o.orders, "order", "an order number, even an all-digit one (repeatable)")
+		fs.BoolVar(&o.allOfOrder, "all-of-order", false, "an order with several dead letters: take every one")
 		fs.StringVar(&o.reason, "reason", "", "why (required; kept in the audit trail)")
 		fs.StringVar(&o.operator, "operator", "", "who (default: $USER)")
 	case name == "reconcile":
@@ -96,6 +104,12 @@ func runTool(ctx context.Context, cmd *command, o *cliOptions, cfg *Config, env 
 	switch cmd.name + " " + cmd.sub {
 	case "dlq list":
 		f := deadletter.Filter{Class: o.class, Status: deadletter.Status(strings.ToUpper(o.status)), Limit: o.limit}
+		if len(o.orders) > 1 {
+			return errors.New("dlq list: one --order at most")
+		}
+		if len(o.orders) == 1 {
+			f.OrderNo = o.orders[0]
+		}
 		if o.since != "" {
 			if f.Since, err = admin.ParseSince(o.since, time.Now()); err != nil {
 				return err
@@ -105,35 +119,41 @@ func runTool(ctx context.Context, cmd *command, o *cliOptions, cfg *Config, env 
 		if err != nil {
 			return err
 		}
-		fmt.Fprintln(tw, "ID\tORDER_NO\tCLASS\tRETRIES\tPARKED\tSTATUS\tLAST_FAILED\tLAST_ERROR")
+		fmt.Fprintln(tw, "ID\tORDER_NO\tAMOUNT\tCLASS\tRETRIES\tPARKED\tSTATUS\tLAST_FAILED\tLAST_ERROR")
 		for _, d := range rows {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", d.ID, dash(d.Order()), d.ErrorClass, d.RetryCount,
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", d.ID, dash(d.Order()), amount(d), d.ErrorClass, d.RetryCount,
 				d.ParkedCount, d.Status, d.LastFailedAt.UTC().Format(time.RFC3339), clip(d.LastError, 70))
 		}
 		return nil
 	case "dlq show":
-		if len(cmd.args) != 1 {
-			return errors.New("dlq show: want one ID or ORDER_NO")
-		}
-		d, events, err := store.Get(ctx, cmd.args[0])
+		rows, err := pick(ctx, store, cmd, o, false)
 		if err != nil {
 			return err
 		}
 		r := &replay.Replayer{Store: store, Orders: order.NewStore(db), DB: db}
-		for _, kv := range [][2]string{
-			{"id", fmt.Sprint(d.ID)}, {"order_no", dash(d.Order())}, {"status", string(d.Status)},
-			{"error_class", d.ErrorClass}, {"last_error", d.LastError}, {"retry_count", fmt.Sprint(d.RetryCount)},
-			{"parked_count", fmt.Sprint(d.ParkedCount)},
-			{"first_failed_at", d.FirstFailedAt.UTC().Format(time.RFC3339)},
-			{"last_failed_at", d.LastFailedAt.UTC().Format(time.RFC3339)},
-			{"updated_by", d.UpdatedBy}, {"reason", dash(d.Reason)},
-			{"replay_would", r.Predict(ctx, d)}, {"body", string(d.Body)}, {"headers", d.Headers},
-		} {
-			fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
-		}
-		fmt.Fprintln(tw, "\nHISTORY\nWHEN\tEVENT\tBY\tREASON\tRESULT")
-		for _, e := range events {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.At.UTC().Format(time.RFC3339), e.Event, e.Operator, dash(e.Reason), clip(e.Result, 80))
+		for i, d := range rows {
+			if i > 0 {
+				fmt.Fprintln(tw)
+			}
+			_, events, err := store.Get(ctx, d.ID)
+			if err != nil {
+				return err
+			}
+			for _, kv := range [][2]string{
+				{"id", fmt.Sprint(d.ID)}, {"order_no", dash(d.Order())}, {"amount", amount(d)}, {"status", string(d.Status)},
+				{"error_class", d.ErrorClass}, {"last_error", d.LastError}, {"retry_count", fmt.Sprint(d.RetryCount)},
+				{"parked_count", fmt.Sprint(d.ParkedCount)},
+				{"first_failed_at", d.FirstFailedAt.UTC().Format(time.RFC3339)},
+				{"last_failed_at", d.LastFailedAt.UTC().Format(time.RFC3339)},
+				{"updated_by", d.UpdatedBy}, {"reason", dash(d.Reason)},
+				{"replay_would", r.Predict(ctx, d)}, {"body", string(d.Body)}, {"headers", d.Headers},
+			} {
+				fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
+			}
+			fmt.Fprintln(tw, "\nHISTORY\nWHEN\tEVENT\tBY\tREASON\tRESULT")
+			for _, e := range events {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.At.UTC().Format(time.RFC3339), e.Event, e.Operator, dash(e.Reason), clip(e.Result, 80))
+			}
 		}
 		return nil
 	case "dlq replay":
@@ -151,7 +171,12 @@ func runTool(ctx context.Context, cmd *command, o *cliOptions, cfg *Config, env 
 		defer pub.Close()
 		r := &replay.Replayer{Store: store, Orders: order.NewStore(db), DB: db, Publish: pub,
 			Every: time.Duration(float64(time.Second) / o.rate)}
-		rows, err := r.Select(ctx, replay.Selection{Refs: cmd.args, Class: o.class, All: o.all})
+		var rows []deadletter.DeadLetter
+		if len(cmd.args) > 0 || len(o.ids) > 0 || len(o.orders) > 0 {
+			rows, err = pick(ctx, store, cmd, o, true, deadletter.New, deadletter.Discarded)
+		} else {
+			rows, err = r.Select(ctx, replay.Selection{Class: o.class, All: o.all})
+		}
 		if err != nil {
 			return err
 		}
@@ -173,17 +198,19 @@ func runTool(ctx context.Context, cmd *command, o *cliOptions, cfg *Config, env 
 		}
 		return nil
 	case "dlq discard":
-		if len(cmd.args) != 1 || strings.TrimSpace(o.reason) == "" {
-			return errors.New(`dlq discard: want one ID or ORDER_NO and --reason "..."`)
+		if strings.TrimSpace(o.reason) == "" {
+			return errors.New(`dlq discard: want ORDER_NO, --order ORDER_NO or --id N, and --reason "..."`)
 		}
-		d, _, err := store.Get(ctx, cmd.args[0])
+		rows, err := pick(ctx, store, cmd, o, true, deadletter.New)
 		if err != nil {
 			return err
 		}
-		if err := store.MarkDiscarded(ctx, d.ID, o.operator, o.reason); err != nil {
-			return err
+		for _, d := range rows {
+			if err := store.MarkDiscarded(ctx, d.ID, o.operator, o.reason); err != nil {
+				return err
+			}
+			fmt.Fprintf(tw, "dead letter %d (%s) discarded by %s\n", d.ID, dash(d.Order()), o.operator)
 		}
-		fmt.Fprintf(tw, "dead letter %d (%s) discarded by %s\n", d.ID, dash(d.Order()), o.operator)
 		return nil
 	case "reconcile ":
 		var opts reconcile.Options
@@ -242,6 +269,47 @@ func runTool(ctx context.Context, cmd *command, o *cliOptions, cfg *Config, env 
 		return nil
 	}
 	return fmt.Errorf("unknown command %q", cmd.name)
+}
+
+// pick resolves the dead letters a dlq command names: --id N, --order
+// ORDER_NO, or ORDER_NO as an argument (an all-digit one that could be an id
+// is refused, never guessed). For an operation (act), an order with several
+// dead letters in statuses is refused, listing them, unless --all-of-order.
+func pick(ctx context.Context, store *deadletter.Store, cmd *command, o *cliOptions, act bool, statuses ...deadletter.Status) ([]deadletter.DeadLetter, error) {
+	name := "dlq " + cmd.sub
+	if len(cmd.args)+len(o.ids)+len(o.orders) == 0 {
+		return nil, fmt.Errorf("%s: want ORDER_NO, --order ORDER_NO or --id N", name)
+	}
+	var out []deadletter.DeadLetter
+	for _, ref := range o.ids {
+		id, err := strconv.ParseInt(ref, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: --id %q: want a number", name, ref)
+		}
+		d, _, err := store.Get(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	for i, ref := range append(append([]string{}, cmd.args...), o.orders...) {
+		rows, err := store.FindOrder(ctx, ref, i >= len(cmd.args))
+		if err == nil && act {
+			rows, err = deadletter.Choose(ref, rows, o.allOfOrder, "--all-of-order", statuses...)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		out = append(out, rows...)
+	}
+	return out, nil
+}
+
+func amount(d deadletter.DeadLetter) string {
+	if d.Amount == nil {
+		return "-"
+	}
+	return d.Amount.String()
 }
 
 func dash(s string) string {

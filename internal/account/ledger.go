@@ -35,7 +35,10 @@ var (
 // the user's balance, only if the balance covers it. It must run inside the
 // caller's transaction: on any error the caller rolls back, since the flow
 // row may already be inserted.
-func Deduct(ctx context.Context, tx sqlx.ExtContext, userID int64, amount money.Cents, bizNo string) error {
+func Deduct(ctx context.Context, tx interface {
+	sqlx.ExecerContext
+	sqlx.QueryerContext
+}, userID int64, amount money.Cents, bizNo string) error {
 	_, err := tx.ExecContext(ctx,
 		`INSERT INTO t_account_flow (user_id, amount, biz_no, type, remark)
 		 VALUES (?, CAST(? AS DECIMAL(18,2)), ?, ?, ?)`,
@@ -85,7 +88,7 @@ func Balance(ctx context.Context, q sqlx.QueryerContext, userID int64) (money.Ce
 // Credit books a flow of +amount of the given type for bizNo and adds amount
 // to the user's balance, inside the caller's transaction. A flow already
 // booked for (bizNo, type) is ErrDuplicateFlow.
-func Credit(ctx context.Context, tx sqlx.ExtContext, userID int64, amount money.Cents, bizNo, flowType, remark string) error {
+func Credit(ctx context.Context, tx sqlx.ExecerContext, userID int64, amount money.Cents, bizNo, flowType, remark string) error {
 	_, err := tx.ExecContext(ctx,
 		`INSERT INTO t_account_flow (user_id, amount, biz_no, type, remark) VALUES (?, CAST(? AS DECIMAL(18,2)), ?, ?, ?)`,
 		userID, amount, bizNo, flowType, remark)

@@ -138,7 +138,7 @@ func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := deadletter.Filter{Class: q.Get("class"), Status: deadletter.Status(q.Get("status")), Limit: 500}
+	f := deadletter.Filter{OrderNo: q.Get("order"), Class: q.Get("class"), Status: deadletter.Status(q.Get("status")), Limit: 500}
 	var problem string
 	if since := q.Get("since"); since != "" {
 		t, err := ParseSince(since, time.Now())
@@ -152,21 +152,49 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	s.render(w, "list.html", map[string]any{"Rows": rows, "Class": f.Class, "Status": string(f.Status),
+	s.render(w, "list.html", map[string]any{"Rows": rows, "OrderNo": f.OrderNo, "Class": f.Class, "Status": string(f.Status),
 		"Since": q.Get("since"), "Problem": problem})
 }
 
-func (s *Server) show(w http.ResponseWriter, r *http.Request) {
-	d, events, err := s.Store.Get(r.Context(), r.PathValue("id"))
-	if errors.Is(err, deadletter.ErrNotFound) {
-		http.NotFound(w, r)
-		return
-	}
+// get reads the dead letter the path names by id; it answers the request
+// itself when it cannot.
+func (s *Server) get(w http.ResponseWriter, r *http.Request) (deadletter.DeadLetter, []deadletter.Event, bool) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil {
+		http.NotFound(w, r)
+		return deadletter.DeadLetter{}, nil, false
+	}
+	d, events, err := s.Store.Get(r.Context(), id)
+	switch {
+	case errors.Is(err, deadletter.ErrNotFound):
+		http.NotFound(w, r)
+		return d, nil, false
+	case err != nil:
 		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return d, nil, false
+	}
+	return d, events, true
+}
+
+func (s *Server) show(w http.ResponseWriter, r *http.Request) {
+	d, events, ok := s.get(w, r)
+	if !ok {
 		return
 	}
-	s.render(w, "show.html", map[string]any{"D": d, "Events": events, "Body": string(d.Body),
+	var siblings []deadletter.DeadLetter
+	if d.Order() != "" {
+		rows, err := s.Store.ByOrder(r.Context(), d.Order())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		for _, o := range rows {
+			if o.ID != d.ID {
+				siblings = append(siblings, o)
+			}
+		}
+	}
+	s.render(w, "show.html", map[string]any{"D": d, "Events": events, "Body": string(d.Body), "Siblings": siblings,
 		"Prediction": s.Replayer.Predict(r.Context(), d), "Msg": r.URL.Query().Get("msg")})
 }
 
@@ -175,15 +203,11 @@ func (s *Server) target(w http.ResponseWriter, r *http.Request) (deadletter.Dead
 	if operator == "" {
 		operator = "web"
 	}
-	d, _, err := s.Store.Get(r.Context(), r.PathValue("id"))
-	switch {
-	case errors.Is(err, deadletter.ErrNotFound):
-		http.NotFound(w, r)
+	d, _, ok := s.get(w, r)
+	if !ok {
 		return d, "", "", false
-	case err != nil:
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return d, "", "", false
-	case reason == "":
+	}
+	if reason == "" {
 		s.back(w, r, d.ID, "a reason is required")
 		return d, "", "", false
 	}

@@ -68,6 +68,71 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 	return nil
 }
 
+// MaxBatch is the most messages PublishBatch takes at once.
+const MaxBatch = 256
+
+// PublishBatch sends msgs to exchange with routing key key, mandatory, and
+// then waits once for all their confirms (within the publisher's timeout).
+// errs[i] is nil when msgs[i] is safely stored. Each message must have its
+// own MessageId: a returned (unroutable) message is told by it.
+func (p *Publisher) PublishBatch(ctx context.Context, exchange, key string, msgs []amqp.Publishing) (errs []error) {
+	errs = make([]error, len(msgs))
+	fail := func(from int, err error) []error {
+		for i := from; i < len(msgs); i++ {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+		return errs
+	}
+	if len(msgs) > MaxBatch {
+		return fail(0, fmt.Errorf("publish batch of %d: at most %d", len(msgs), MaxBatch))
+	}
+	if err := p.open(); err != nil {
+		return fail(0, err)
+	}
+	for len(p.returns) > 0 { // drop stale returns, if any
+		<-p.returns
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	confs := make([]*amqp.DeferredConfirmation, len(msgs))
+	for i, msg := range msgs {
+		conf, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
+		if err != nil {
+			p.reset()
+			return fail(i, fmt.Errorf("publish to %s/%s: %w", exchange, key, err))
+		}
+		confs[i] = conf
+	}
+	for i, conf := range confs {
+		acked, err := conf.WaitContext(ctx)
+		switch {
+		case err != nil:
+			p.reset()
+			return fail(i, fmt.Errorf("publish to %s/%s: confirm: %w", exchange, key, err))
+		case !acked:
+			errs[i] = fmt.Errorf("publish to %s/%s: nacked by the broker", exchange, key)
+		}
+	}
+	// Every return came before its message's ack: they are all here.
+	for {
+		select {
+		case r, ok := <-p.returns:
+			if !ok {
+				return errs
+			}
+			for i, msg := range msgs {
+				if msg.MessageId == r.MessageId && errs[i] == nil {
+					errs[i] = fmt.Errorf("publish to %s/%s: %w: %d %s", exchange, key, ErrUnroutable, r.ReplyCode, r.ReplyText)
+				}
+			}
+		default:
+			return errs
+		}
+	}
+}
+
 func (p *Publisher) open() error {
 	if p.ch != nil && !p.ch.IsClosed() {
 		return nil
@@ -81,15 +146,18 @@ func (p *Publisher) open() error {
 		return fmt.Errorf("publisher confirms: %w", err)
 	}
 	p.ch = ch
-	p.returns = ch.NotifyReturn(make(chan amqp.Return, 4))
+	// Returns of a whole batch must fit: the client delivers them from its
+	// reader goroutine, which would block on a full channel.
+	p.returns = ch.NotifyReturn(make(chan amqp.Return, MaxBatch))
 	return nil
 }
 
 // reset drops the channel after an error whose state is unclear; the next
-// publish opens a fresh one.
+// publish opens a fresh one. The close is not waited for: on a connection
+// that stopped answering it waits for the heartbeat to declare it dead.
 func (p *Publisher) reset() {
 	if p.ch != nil {
-		p.ch.Close()
+		go p.ch.Close()
 		p.ch = nil
 	}
 }

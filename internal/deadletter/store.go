@@ -1,7 +1,10 @@
 // Package deadletter keeps terminal messages durably for audit and replay:
-// one row per order number (or per body, when a message has none), whose
-// status is NEW, REPLAYED or DISCARDED, with every parking, replay and
-// discard kept as an event.
+// one row per distinct terminal payment (order number, user and amount; or
+// per body, when the message is not a valid payment), so that every
+// different message stays recoverable with its own body, class and history,
+// while copies of one payment share a row. A row's status is NEW, REPLAYED
+// or DISCARDED, with every parking, replay and discard kept as an event.
+// One order number can have several rows.
 package deadletter
 
 import (
@@ -9,10 +12,13 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 
@@ -108,9 +114,13 @@ func NewStore(db *sqlx.DB) *Store { return &Store{db: db} }
 const columns = `id, order_no, user_id, amount, body, headers, error_class, last_error, retry_count,
 	parked_count, first_failed_at, last_failed_at, status, updated_by, reason, alerted_at`
 
+// dedupKey files p: copies of one payment (order number, user and amount)
+// share a key; anything else is filed by its body. Migration 0004 computes
+// the same keys in SQL: keep the two equal.
 func dedupKey(p Parked) string {
-	if p.OrderNo != "" {
-		return p.OrderNo
+	if p.OrderNo != "" && p.UserID != nil && p.Amount != nil {
+		sum := sha256.Sum256([]byte(p.OrderNo + "|" + strconv.FormatInt(*p.UserID, 10) + "|" + p.Amount.String()))
+		return "pay:" + hex.EncodeToString(sum[:])
 	}
 	sum := sha256.Sum256(p.Body)
 	return "body:" + hex.EncodeToString(sum[:])
@@ -127,14 +137,18 @@ func fingerprint(p Parked) string {
 // the same row updated and back to NEW with the parking added to its history.
 // A redelivery of the very same terminal message changes nothing. It reports
 // whether the row became NEW now (an alert is due), and the row id.
+//
+// What does not fit a column is cut to fit, and LastError says so: a
+// message that cannot be stored as it came must still be stored.
 func (s *Store) Park(ctx context.Context, p Parked) (id int64, becameNew bool, err error) {
 	key, fp := dedupKey(p), fingerprint(p)
+	p = fit(p)
 	var orderNo *string
 	if p.OrderNo != "" {
 		orderNo = &p.OrderNo
 	}
 	for attempt := 1; ; attempt++ {
-		err = sqldb.InTx(ctx, s.db, func(tx *sqlx.Tx) error {
+		err = sqldb.InTx(ctx, s.db, func(tx *sqldb.Tx) error {
 			var cur struct {
 				ID          int64  `db:"id"`
 				Status      Status `db:"status"`
@@ -195,16 +209,21 @@ func addEvent(ctx context.Context, tx sqlx.ExecerContext, id int64, event, opera
 
 // Filter selects dead letters for List.
 type Filter struct {
-	Class  string
-	Status Status
-	Since  time.Time // last failed at or after
-	Limit  int       // 0: 100
+	OrderNo string
+	Class   string
+	Status  Status
+	Since   time.Time // last failed at or after
+	Limit   int       // 0: 100
 }
 
 // List returns dead letters matching f, newest failure first.
 func (s *Store) List(ctx context.Context, f Filter) ([]DeadLetter, error) {
 	q := "SELECT " + columns + " FROM t_dead_letter WHERE 1 = 1"
 	var args []any
+	if f.OrderNo != "" {
+		q += " AND order_no = ?"
+		args = append(args, f.OrderNo)
+	}
 	if f.Class != "" {
 		q += " AND error_class = ?"
 		args = append(args, f.Class)
@@ -229,26 +248,114 @@ func (s *Store) List(ctx context.Context, f Filter) ([]DeadLetter, error) {
 	return out, nil
 }
 
-// Get finds a dead letter by id, or else by order number, with its history.
-func (s *Store) Get(ctx context.Context, idOrOrderNo string) (DeadLetter, []Event, error) {
+// Get returns the dead letter with id, with its history.
+func (s *Store) Get(ctx context.Context, id int64) (DeadLetter, []Event, error) {
 	var d DeadLetter
-	err := sql.ErrNoRows
-	if id, perr := strconv.ParseInt(idOrOrderNo, 10, 64); perr == nil {
-		err = s.db.GetContext(ctx, &d, "SELECT "+columns+" FROM t_dead_letter WHERE id = ?", id)
-	}
+	err := s.db.GetContext(ctx, &d, "SELECT "+columns+" FROM t_dead_letter WHERE id = ?", id)
 	if errors.Is(err, sql.ErrNoRows) {
-		err = s.db.GetContext(ctx, &d, "SELECT "+columns+" FROM t_dead_letter WHERE order_no = ?", idOrOrderNo)
-	}
-	if errors.Is(err, sql.ErrNoRows) {
-		return d, nil, fmt.Errorf("%q: %w", idOrOrderNo, ErrNotFound)
+		return d, nil, fmt.Errorf("dead letter %d: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return d, nil, err
+		return d, nil, fmt.Errorf("dead letter %d: %w", id, err)
 	}
 	var evs []Event
 	err = s.db.SelectContext(ctx, &evs, `SELECT id, event, operator, reason, result, error_class, retry_count, create_time
 		FROM t_dead_letter_event WHERE dead_letter_id = ? ORDER BY id`, d.ID)
 	return d, evs, err
+}
+
+// ByOrder returns every dead letter of an order number, oldest first; none
+// is ErrNotFound.
+func (s *Store) ByOrder(ctx context.Context, orderNo string) ([]DeadLetter, error) {
+	var out []DeadLetter
+	if err := s.db.SelectContext(ctx, &out, "SELECT "+columns+" FROM t_dead_letter WHERE order_no = ? ORDER BY id", orderNo); err != nil {
+		return nil, fmt.Errorf("dead letters of order %s: %w", orderNo, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("order %s: %w", orderNo, ErrNotFound)
+	}
+	return out, nil
+}
+
+// ErrAmbiguous: an all-digit reference that could be an order number or a
+// dead letter id.
+var ErrAmbiguous = errors.New("ambiguous dead letter reference")
+
+// FindOrder resolves an order number typed by a person. Order numbers may
+// be all digits, and so may row ids: an all-digit argument that names no
+// order but is a row id, or names both, is refused with ErrAmbiguous and a
+// message saying how to name either (--id, --order), never guessed.
+// explicit says the caller already knows it is an order number.
+func (s *Store) FindOrder(ctx context.Context, ref string, explicit bool) ([]DeadLetter, error) {
+	rows, err := s.ByOrder(ctx, ref)
+	if explicit || !allDigits(ref) || (err != nil && !errors.Is(err, ErrNotFound)) {
+		return rows, err
+	}
+	id, _ := strconv.ParseInt(ref, 10, 64)
+	var n int
+	if qerr := s.db.GetContext(ctx, &n, "SELECT COUNT(*) FROM t_dead_letter WHERE id = ?", id); qerr != nil {
+		return nil, fmt.Errorf("dead letter %s: %w", ref, qerr)
+	}
+	switch {
+	case n == 0:
+		return rows, err
+	case err == nil:
+		return nil, fmt.Errorf("%w: %s is an order number with dead letters and also a dead letter id: say --order %s or --id %s",
+			ErrAmbiguous, ref, ref, ref)
+	}
+	return nil, fmt.Errorf("%w: no dead letter has order number %s, but dead letter id %s exists: say --id %s",
+		ErrAmbiguous, ref, ref, ref)
+}
+
+// ErrSeveral: an order has more than one dead letter an operation applies to.
+var ErrSeveral = errors.New("several dead letters")
+
+// Choose narrows an order's rows to those an operation applies to: those
+// in the first of statuses that any row is in (so NEW rows are preferred to
+// DISCARDED ones for a replay). When no row is in any, all rows are
+// returned, for the operation to say why it skips them. More than one
+// candidate is ErrSeveral, listing them, unless all is set; allFlag names
+// the option that sets it.
+func Choose(orderNo string, rows []DeadLetter, all bool, allFlag string, statuses ...Status) ([]DeadLetter, error) {
+	var candidates []DeadLetter
+	for _, st := range statuses {
+		for _, d := range rows {
+			if d.Status == st {
+				candidates = append(candidates, d)
+			}
+		}
+		if len(candidates) > 0 {
+			break
+		}
+	}
+	switch {
+	case len(candidates) == 0:
+		return rows, nil
+	case len(candidates) == 1 || all:
+		return candidates, nil
+	}
+	var list []string
+	for _, d := range candidates {
+		amount := "?"
+		if d.Amount != nil {
+			amount = d.Amount.String()
+		}
+		list = append(list, fmt.Sprintf("id %d (%s, amount %s, %s)", d.ID, d.ErrorClass, amount, d.Status))
+	}
+	return nil, fmt.Errorf("%w: order %s has %d: %s; name one with --id, or take all with %s",
+		ErrSeveral, orderNo, len(candidates), strings.Join(list, ", "), allFlag)
+}
+
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // MarkReplayed records a confirmed replay: status REPLAYED and an audit event.
@@ -267,7 +374,7 @@ func (s *Store) RecordFailure(ctx context.Context, id int64, operator, reason, r
 }
 
 func (s *Store) transition(ctx context.Context, id int64, to Status, from []Status, event, operator, reason, result string) error {
-	return sqldb.InTx(ctx, s.db, func(tx *sqlx.Tx) error {
+	return sqldb.InTx(ctx, s.db, func(tx *sqldb.Tx) error {
 		var st Status
 		err := tx.GetContext(ctx, &st, "SELECT status FROM t_dead_letter WHERE id = ? FOR UPDATE", id)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -316,4 +423,84 @@ func (s *Store) Stats(ctx context.Context) (newCount int, oldest time.Time, err 
 		oldest = *row.Oldest
 	}
 	return row.N, oldest, err
+}
+
+// Column sizes of t_dead_letter (bytes).
+const (
+	maxBody      = 1<<24 - 1 // MEDIUMBLOB
+	maxHeaders   = 1<<16 - 1 // TEXT
+	maxLastError = 60000     // TEXT, with room for what fit adds
+	maxClass     = 32        // VARCHAR(32), ASCII
+)
+
+// fit cuts what would not fit its column, keeping the headers valid JSON
+// (the largest values are replaced first), and says so in LastError.
+func fit(p Parked) Parked {
+	var notes []string
+	// Header strings come from any producer: the utf8mb4 columns refuse
+	// bytes that are not UTF-8.
+	p.ErrorClass = strings.ToValidUTF8(p.ErrorClass, "?")
+	p.LastError = strings.ToValidUTF8(p.LastError, "?")
+	if len(p.Headers) > maxHeaders {
+		was := len(p.Headers)
+		p.Headers = fitHeaders(p.Headers, maxHeaders)
+		notes = append(notes, fmt.Sprintf("headers cut from %d to %d bytes", was, len(p.Headers)))
+	}
+	if len(p.Body) > maxBody {
+		notes = append(notes, fmt.Sprintf("body cut from %d to %d bytes", len(p.Body), maxBody))
+		p.Body = p.Body[:maxBody]
+	}
+	if len(p.ErrorClass) > maxClass {
+		notes = append(notes, fmt.Sprintf("error class %.60q cut", p.ErrorClass))
+		p.ErrorClass = clip(p.ErrorClass, maxClass)
+	}
+	if len(p.LastError) > maxLastError {
+		p.LastError = clip(p.LastError, maxLastError) + "..."
+	}
+	if len(notes) > 0 {
+		p.LastError += " [paysvc: " + strings.Join(notes, "; ") + " to fit t_dead_letter]"
+	}
+	return p
+}
+
+// fitHeaders shrinks a JSON object of headers under limit bytes by
+// replacing its largest values with a note, one at a time; a body that is
+// not an object, or still too long, becomes a note alone.
+func fitHeaders(headers string, limit int) string {
+	var m map[string]any
+	if json.Unmarshal([]byte(headers), &m) == nil {
+		for {
+			b, _ := json.Marshal(m)
+			if len(b) <= limit {
+				return string(b)
+			}
+			biggest, size := "", 0
+			for k, v := range m {
+				vb, _ := json.Marshal(v)
+				if _, isNote := v.(droppedNote); !isNote && len(vb) > size {
+					biggest, size = k, len(vb)
+				}
+			}
+			if biggest == "" {
+				break
+			}
+			m[biggest] = droppedNote(fmt.Sprintf("(dropped by paysvc: %d bytes)", size))
+		}
+	}
+	b, _ := json.Marshal(map[string]string{"x-paysvc-headers": fmt.Sprintf("(dropped by paysvc: %d bytes)", len(headers))})
+	return string(b)
+}
+
+// droppedNote replaces a header value that did not fit.
+type droppedNote string
+
+// clip cuts s to at most n bytes without splitting a UTF-8 sequence.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }

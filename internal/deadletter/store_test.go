@@ -2,11 +2,19 @@ package deadletter_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/paysvc/paysvc/internal/deadletter"
+	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/testenv"
+	"github.com/paysvc/paysvc/migrations"
 )
 
 func parked(orderNo string, at time.Time) deadletter.Parked {
@@ -15,7 +23,7 @@ func parked(orderNo string, at time.Time) deadletter.Parked {
 		FirstFailedAt: at.Add(-time.Minute), LastFailedAt: at}
 }
 
-// One row per order: the same terminal message again changes nothing; parked
+// One row per payment: the same terminal message again changes nothing; parked
 // again after a replay, the row is NEW again with its history kept.
 func TestParkReplayPark(t *testing.T) {
 	t.Parallel()
@@ -49,7 +57,7 @@ func TestParkReplayPark(t *testing.T) {
 	if err != nil || !isNew {
 		t.Fatalf("park after replay: %v, %v; want a new alert", isNew, err)
 	}
-	d, events, err := s.Get(ctx, "D1")
+	d, events, err := s.Get(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,5 +84,155 @@ func TestParkReplayPark(t *testing.T) {
 	rows, err := s.List(ctx, deadletter.Filter{Status: deadletter.New})
 	if err != nil || len(rows) != 2 {
 		t.Fatalf("list NEW: %d rows, %v", len(rows), err)
+	}
+}
+
+func payment(orderNo string, user int64, amount money.Cents, class string, at time.Time) deadletter.Parked {
+	p := parked(orderNo, at)
+	p.UserID, p.Amount, p.ErrorClass, p.LastError = &user, &amount, class, class+": details"
+	p.Body = []byte(fmt.Sprintf(`{"orderNo":%q,"userId":%d,"amount":"%s"}`, orderNo, user, amount))
+	return p
+}
+
+// Two different messages for one order (a real payment that failed on its
+// balance, and a copy with another amount, terminal as a mismatch) are two
+// rows, each with its own body, class and history, whichever arrives
+// first; another copy of the same payment joins its row.
+func TestParkKeepsEveryDistinctMessage(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	s := deadletter.NewStore(db)
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	for _, order := range [][2]string{{"X1", "real first"}, {"X2", "mismatch first"}} {
+		real := payment(order[0], 7, 1000, "balance_not_enough", t0)
+		other := payment(order[0], 7, 2000, "mismatch", t0.Add(time.Second))
+		first, second := real, other
+		if order[1] == "mismatch first" {
+			first, second = other, real
+		}
+		id1, new1, err1 := s.Park(ctx, first)
+		id2, new2, err2 := s.Park(ctx, second)
+		if err1 != nil || err2 != nil || !new1 || !new2 || id1 == id2 {
+			t.Fatalf("%s: parked %d (%v, %v) and %d (%v, %v): want two new rows", order[1], id1, new1, err1, id2, new2, err2)
+		}
+		rows, err := s.ByOrder(ctx, order[0])
+		if err != nil || len(rows) != 2 {
+			t.Fatalf("%s: %d rows for the order, %v; want 2", order[1], len(rows), err)
+		}
+		byClass := map[string]deadletter.DeadLetter{}
+		for _, r := range rows {
+			byClass[r.ErrorClass] = r
+		}
+		if got := byClass["balance_not_enough"]; string(got.Body) != string(real.Body) || *got.Amount != 1000 {
+			t.Fatalf("%s: the real payment's row holds %s", order[1], got.Body)
+		}
+		if got := byClass["mismatch"]; string(got.Body) != string(other.Body) || *got.Amount != 2000 {
+			t.Fatalf("%s: the mismatch's row holds %s", order[1], got.Body)
+		}
+		// The same payment written another way (amount as a number) joins its row.
+		copyOf := real
+		copyOf.Body = []byte(fmt.Sprintf(`{"amount":10.00,"orderNo":%q,"userId":7}`, order[0]))
+		copyOf.LastFailedAt = t0.Add(time.Minute)
+		id, isNew, err := s.Park(ctx, copyOf)
+		want := byClass["balance_not_enough"].ID
+		if err != nil || isNew || id != want {
+			t.Fatalf("%s: a copy of the real payment went to %d (new %v, %v), want row %d", order[1], id, isNew, err, want)
+		}
+	}
+}
+
+// Headers larger than the column are cut to fit, still JSON, and the row
+// says so; the message is stored, not refused (strict mode's 1406).
+func TestParkFitsOversizedHeaders(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	s := deadletter.NewStore(db)
+	ctx := context.Background()
+	p := payment("H1", 7, 100, "bad_message", time.Now())
+	p.Headers = fmt.Sprintf(`{"big":%q,"small":"kept","x-error-class":"bad_message"}`, strings.Repeat("x", 70000))
+	p.ErrorClass = strings.Repeat("c", 40)
+	id, _, err := s.Park(ctx, p)
+	if err != nil {
+		t.Fatalf("park with 70 KB of headers: %v", err)
+	}
+	d, _, err := s.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h map[string]string
+	if err := json.Unmarshal([]byte(d.Headers), &h); err != nil || h["small"] != "kept" || !strings.Contains(h["big"], "dropped by paysvc: 70002 bytes") {
+		t.Fatalf("stored headers %.200s (%v): want valid JSON with the small header kept and the big one noted", d.Headers, err)
+	}
+	if !strings.Contains(d.LastError, "headers cut from") || len(d.ErrorClass) != 32 {
+		t.Fatalf("row %q / %q: want the cut said in last_error and the class cut to 32", d.LastError, d.ErrorClass)
+	}
+}
+
+// All-digit order numbers are valid, and so are row ids: an argument that
+// could be either is refused, never guessed.
+func TestFindOrderRefusesAmbiguousDigits(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	s := deadletter.NewStore(db)
+	ctx := context.Background()
+	id, _, err := s.Park(ctx, payment("ORD-A", 7, 100, "mismatch", time.Now()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := strconv.FormatInt(id, 10)
+	if _, err := s.FindOrder(ctx, ref, false); !errors.Is(err, deadletter.ErrAmbiguous) || !strings.Contains(err.Error(), "--id "+ref) {
+		t.Fatalf("FindOrder(%s) = %v, want ambiguous, naming --id", ref, err)
+	}
+	// Now an order with that number exists too: still ambiguous.
+	if _, _, err := s.Park(ctx, payment(ref, 7, 100, "mismatch", time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.FindOrder(ctx, ref, false); !errors.Is(err, deadletter.ErrAmbiguous) || !strings.Contains(err.Error(), "--order "+ref) {
+		t.Fatalf("FindOrder(%s) with both = %v, want ambiguous, naming --order", ref, err)
+	}
+	rows, err := s.FindOrder(ctx, ref, true)
+	if err != nil || len(rows) != 1 || rows[0].Order() != ref {
+		t.Fatalf("FindOrder(%s, explicit) = %v, %v", ref, rows, err)
+	}
+	if _, err := s.FindOrder(ctx, "ORD-NONE", false); !errors.Is(err, deadletter.ErrNotFound) {
+		t.Fatalf("unknown order: %v", err)
+	}
+}
+
+// Rows parked before migration 0004 (filed under the order number alone)
+// move to the new keys: the next copy of the same payment joins them.
+func TestMigrationMovesLegacyRows(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	s := deadletter.NewStore(db)
+	ctx := context.Background()
+	p := payment("LEG1", 7, 12345, "balance_not_enough", time.Now())
+	db.MustExec(`INSERT INTO t_dead_letter (dedup_key, order_no, user_id, amount, body, headers, error_class, last_error,
+		fingerprint, first_failed_at, last_failed_at) VALUES ('LEG1', 'LEG1', 7, 123.45, ?, '{}', 'balance_not_enough', 'x',
+		'legacy', NOW(3), NOW(3))`, p.Body)
+	db.MustExec(`INSERT INTO t_dead_letter (dedup_key, order_no, body, headers, error_class, last_error,
+		fingerprint, first_failed_at, last_failed_at) VALUES ('LEG2', 'LEG2', 'not json', '{}', 'bad_message', 'x',
+		'legacy', NOW(3), NOW(3))`)
+	db.MustExec("DELETE FROM schema_migrations WHERE version = 4")
+	ms, err := sqldb.LoadMigrations(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sqldb.Migrate(ctx, db, ms); err != nil {
+		t.Fatal(err)
+	}
+	var legacy int64
+	db.Get(&legacy, "SELECT id FROM t_dead_letter WHERE order_no = 'LEG1'")
+	id, isNew, err := s.Park(ctx, p)
+	if err != nil || isNew || id != legacy {
+		t.Fatalf("park after migration: %d (new %v, %v), want the legacy row %d", id, isNew, err, legacy)
+	}
+	lenient := parked("LEG2", time.Now())
+	lenient.Body = []byte("not json")
+	var legacy2 int64
+	db.Get(&legacy2, "SELECT id FROM t_dead_letter WHERE order_no = 'LEG2'")
+	if id, _, err := s.Park(ctx, lenient); err != nil || id != legacy2 {
+		t.Fatalf("body-filed park after migration: %d, %v; want %d", id, err, legacy2)
 	}
 }

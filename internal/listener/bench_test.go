@@ -36,6 +36,6 @@ func BenchmarkFailedCopy(b *testing.B) {
 	now := time.Now()
 	b.ReportAllocs()
 	for b.Loop() {
-		failedCopy(d, 2, ClassBalance, err, now)
+		failedCopy(d, TerminalQueue, 2, ClassBalance, err, now)
 	}
 }

@@ -65,6 +65,11 @@ type Consumer struct {
 
 	payer *order.Grouper // made by Run
 	ready atomic.Bool
+	probe struct { // the last dependency probe (dependenciesUp)
+		sync.Mutex
+		at time.Time
+		up bool
+	}
 	// redisDownUntil (unix nanos) skips Redis for a while under OPEN after
 	// it failed, instead of paying a timeout on every message.
 	redisDownUntil atomic.Int64
@@ -148,6 +153,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		wait := bo.Next()
 		var pause *pauseError
 		if errors.As(err, &pause) {
+			c.m.Pauses.WithLabelValues(string(pause.class)).Inc()
 			// A dependency can answer its probe and still fail the real work
 			// (a read-only failover, a full Redis): back off either way.
 			c.log.Warn("consumption paused; waiting for the dependency", zap.String("error_class", string(pause.class)),
@@ -167,18 +173,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 // waitDependencies returns once MySQL answers, and Redis too under CLOSED.
 func (c *Consumer) waitDependencies(ctx context.Context, bo *broker.Backoff) error {
 	for {
-		ping := func(name string, f func(context.Context) error) error {
-			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			defer cancel()
-			if err := f(pctx); err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-			return nil
-		}
-		err := ping("mysql", c.orders.Ping)
-		if err == nil && c.cfg.RedisFallback == FallbackClosed {
-			err = ping("redis", c.guard.Probe)
-		}
+		err := c.probeDependencies(ctx)
 		if err == nil {
 			return nil
 		}
@@ -370,13 +365,42 @@ func (c *Consumer) process(ctx context.Context, pub *broker.Publisher, d amqp.De
 	count := retryCount(d.Headers)
 	var result string
 	var brokerErr error
-	switch out.kind {
+	// send publishes a copy of d to queue and acks d; a copy that is not
+	// safely stored sends the original back instead, and restarts the
+	// session (reconnect, redeclare) before more is taken.
+	send := func(exchange, queue string, msg amqp.Publishing, ok string) {
+		if err := pub.Publish(ctx, exchange, queue, msg); err != nil {
+			result, brokerErr = "REQUEUE", d.Nack(false, true)
+			c.log.Error("copy not published; message requeued", zap.String("order_no", out.orderNo),
+				zap.String("queue", queue), zap.Error(err))
+			signal(pause, fmt.Errorf("publish: %w", err))
+			return
+		}
+		result, brokerErr = ok, d.Ack(false)
+	}
+	kind := out.kind
+	if kind == Unavailable && out.class != ClassMySQLError && c.dependenciesUp(ctx) {
+		// Every dependency answers: only this message failed (a statement
+		// that timed out, a COMMIT whose reply was lost). It goes back alone
+		// while the others flow; past maxRequeuesAlone it spends an attempt.
+		kind = requeueAlone
+		if n := headerCount(d.Headers, HeaderRequeueCount); n >= maxRequeuesAlone {
+			kind = Retryable
+			out.err = fmt.Errorf("requeued %d times without an attempt: %w", n, out.err)
+		}
+	}
+	switch kind {
+	case requeueAlone:
+		msg := failedCopy(d, MainQueue, count, out.class, out.err, time.Now())
+		msg.Headers[HeaderRequeueCount] = int32(headerCount(d.Headers, HeaderRequeueCount) + 1)
+		send(RetryExchange, MainQueue, msg, "REQUEUE")
+		c.m.RequeuedAlone.Inc()
 	case Applied:
 		result, brokerErr = "FIRST", d.Ack(false)
 	case Duplicate:
 		result, brokerErr = "DUPLICATE", d.Ack(false)
 	case Retryable, Terminal:
-		queue, n := c.cfg.Retry.next(out.kind, count)
+		queue, n := c.cfg.Retry.next(kind, count)
 		inflight := headerCount(d.Headers, HeaderInFlightCount)
 		if out.class == ClassInFlight {
 			if q, ok := c.cfg.Retry.inFlight(inflight, out.wait); ok {
@@ -384,28 +408,24 @@ func (c *Consumer) process(ctx context.Context, pub *broker.Publisher, d amqp.De
 			}
 		}
 		cause := out.err
-		if out.kind == Retryable && queue == TerminalQueue {
+		if kind == Retryable && queue == TerminalQueue {
 			cause = fmt.Errorf("gave up after %d retries: %w", count, out.err)
 		}
-		msg := failedCopy(d, n, out.class, cause, time.Now())
+		msg := failedCopy(d, queue, n, out.class, cause, time.Now())
 		if inflight > 0 {
 			msg.Headers[HeaderInFlightCount] = int32(inflight)
 		}
-		if err := pub.Publish(ctx, DLXExchange, queue, msg); err != nil {
-			// The copy is not safely stored: the original goes back, and the
-			// session restarts (reconnect, redeclare) before taking more.
-			result, brokerErr = "REQUEUE", d.Nack(false, true)
-			c.log.Error("retry publish failed; message requeued", zap.String("order_no", out.orderNo), zap.Error(err))
-			signal(pause, fmt.Errorf("publish: %w", err))
-			break
-		}
-		result = "TERMINAL"
+		ok := "TERMINAL"
 		if queue != TerminalQueue {
-			result = "RETRY"
+			ok = "RETRY"
 		}
-		count = n
-		brokerErr = d.Ack(false)
+		send(DLXExchange, queue, msg, ok)
+		if result == ok {
+			count = n
+		}
 	case Unavailable:
+		// A dependency is down: the message waits in the broker, spending no
+		// attempt, and the session pauses until the dependency answers.
 		result, brokerErr = "REQUEUE", d.Nack(false, true)
 		signal(pause, &pauseError{out.class})
 	}
@@ -451,6 +471,44 @@ func (c *Consumer) process(ctx context.Context, pub *broker.Publisher, d amqp.De
 	}
 	c.log.Info("message handled", fields...)
 }
+
+// dependenciesUp probes MySQL, and Redis under CLOSED, as a session start
+// does; answers are shared for a second, so that a burst of failures probes
+// once.
+func (c *Consumer) dependenciesUp(ctx context.Context) bool {
+	c.probe.Lock()
+	defer c.probe.Unlock()
+	if time.Since(c.probe.at) < time.Second {
+		return c.probe.up
+	}
+	c.probe.up = c.probeDependencies(ctx) == nil
+	c.probe.at = time.Now()
+	return c.probe.up
+}
+
+// probeDependencies returns nil once MySQL answers, and Redis too under CLOSED.
+func (c *Consumer) probeDependencies(ctx context.Context) error {
+	ping := func(name string, f func(context.Context) error) error {
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		defer cancel()
+		if err := f(pctx); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		return nil
+	}
+	err := ping("mysql", c.orders.Ping)
+	if err == nil && c.cfg.RedisFallback == FallbackClosed {
+		err = ping("redis", c.guard.Probe)
+	}
+	return err
+}
+
+// probeTimeout bounds one dependency probe.
+const probeTimeout = 3 * time.Second
+
+// requeueAlone is process's own routing of an Unavailable outcome while the
+// dependencies answer: a copy back to the main queue, no attempt spent.
+const requeueAlone Kind = -1
 
 func signal(pause chan<- error, err error) {
 	select {

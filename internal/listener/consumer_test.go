@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -185,7 +186,7 @@ func TestBadInputGoesTerminalAtOnce(t *testing.T) {
 		{`{"orderNo":"OK1","userId":1,"amount":"10.00","pad":"` + strings.Repeat("x", listener.MaxBody) + `"}`, "bad_message"},
 		{`{"orderNo":"OK1","userId":2,"amount":10.00}`, "mismatch"},
 		{`{"orderNo":"OK1","userId":1,"amount":"9.99"}`, "mismatch"},
-		{`{"orderNo":"REF1","userId":1,"amount":10.00}`, "not_payable"},
+		{`{"orderNo":"REF1","userId":1,"amount":99.00}`, "mismatch"},
 	}
 	for _, c := range cases {
 		e.publish([]byte(c.body))
@@ -213,6 +214,27 @@ func TestBadInputGoesTerminalAtOnce(t *testing.T) {
 	}
 	if e.totalFlows() != 0 || e.balance(1) != 10000 || e.status("OK1") != order.Init {
 		t.Fatal("bad input changed data")
+	}
+}
+
+// A copy of a payment whose order was refunded since (a redelivery, a
+// replay): the payment was applied once, so the copy is a duplicate, acked,
+// not parked and not alerted, and nothing changes.
+func TestRefundedOrderCopyIsADuplicate(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(4, "10.00")
+	e.seedOrder("RFD1", 4, "3.00")
+	e.db.MustExec("UPDATE t_order SET status = 'REFUNDED' WHERE order_no = 'RFD1'")
+	e.start(e.redisAddr, e.dsn)
+	e.publish(body("RFD1", 4, "3.00"), body("RFD1", 4, "3.00"))
+	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["DUPLICATE"] == 2 }, "copies of a refunded payment not acked as duplicates")
+	if r := e.results(); len(r) != 1 || e.depth(listener.TerminalQueue) != 0 {
+		t.Fatalf("outcomes %v, terminal queue %d: want only DUPLICATE", r, e.depth(listener.TerminalQueue))
+	}
+	if e.flows("RFD1") != 0 || e.balance(4) != 1000 || e.status("RFD1") != order.Refunded {
+		t.Fatal("a copy of a refunded payment changed data")
 	}
 }
 
@@ -418,7 +440,7 @@ func TestUnroutableRetryCopyIsRequeuedNotLost(t *testing.T) {
 	ch.Close()
 	e.publish(body("UNR1", 12, "5.00"))
 	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["TERMINAL"] == 1 }, "never reached terminal")
-	failed := e.logs.FilterMessageSnippet("retry publish failed").All()
+	failed := e.logs.FilterMessageSnippet("copy not published").All()
 	if len(failed) == 0 || !strings.Contains(fmt.Sprint(failed[0].ContextMap()["error"]), "unroutable") {
 		t.Fatalf("no unroutable publish was detected: %v", failed)
 	}
@@ -476,7 +498,7 @@ func TestNackedTerminalCopyKeepsTheOriginal(t *testing.T) {
 	e.publish([]byte(`not json`))
 	c := e.start(e.redisAddr, e.dsn)
 	e.waitResults(15*time.Second, func(r map[string]int) bool { return r["REQUEUE"] >= 1 }, "the refused copy was not noticed")
-	failed := e.logs.FilterMessageSnippet("retry publish failed").All()
+	failed := e.logs.FilterMessageSnippet("copy not published").All()
 	if len(failed) == 0 || !strings.Contains(fmt.Sprint(failed[0].ContextMap()["error"]), "nacked") {
 		t.Fatalf("want a nacked publish, got %v", failed)
 	}
@@ -558,5 +580,80 @@ func TestQuorumMainQueue(t *testing.T) {
 	e.waitResults(15*time.Second, func(r map[string]int) bool { return r["FIRST"] == 1 && r["DUPLICATE"] == 1 }, "not applied once")
 	if e.flows("QQ1") != 1 {
 		t.Fatal("charged other than once")
+	}
+}
+
+// One message whose handling times out while every dependency answers (its
+// order row is locked past the handling timeout) goes back to the main
+// queue alone, a bounded number of times, then spends an attempt; the
+// other messages flow meanwhile and the consumer never pauses.
+func TestOneSlowMessageDoesNotPauseTheOthers(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(41, "100.00")
+	e.seedOrder("SLOW1", 41, "1.00")
+	var others [][]byte
+	for i := range 20 {
+		no := fmt.Sprintf("FAST%d", i)
+		e.seedAccount(int64(500+i), "10.00")
+		e.seedOrder(no, int64(500+i), "1.00")
+		others = append(others, body(no, int64(500+i), "1.00"))
+	}
+	holder := e.db.MustBegin()
+	defer holder.Rollback()
+	holder.MustExec("SELECT status FROM t_order WHERE order_no = 'SLOW1' FOR UPDATE")
+
+	c := e.start(e.redisAddr, e.dsn, func(cfg *listener.Config) {
+		cfg.HandleTimeout = time.Second // below the pool's lock wait (5s): the handling times out
+		cfg.GroupSize = 1
+		cfg.Retry.MaxAttempts = 5
+	})
+	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer not ready")
+	var paused atomic.Bool
+	stopWatch := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-stopWatch:
+				return
+			case <-time.After(5 * time.Millisecond):
+				if !c.Ready() {
+					paused.Store(true)
+				}
+			}
+		}
+	}()
+	e.publish(append([][]byte{body("SLOW1", 41, "1.00")}, others...)...)
+
+	slow := func(result string) int {
+		n := 0
+		for _, entry := range e.logs.FilterMessage("message handled").All() {
+			m := entry.ContextMap()
+			if m["order_no"] == "SLOW1" && m["result"] == result {
+				n++
+			}
+		}
+		return n
+	}
+	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["FIRST"] == 20 }, "the other payments did not flow")
+	testenv.Eventually(t, 20*time.Second, func() bool { return slow("RETRY") >= 1 }, "the slow message never spent an attempt")
+	if n := slow("REQUEUE"); n < 3 {
+		t.Fatalf("the slow message was requeued alone %d times before its retry, want 3", n)
+	}
+	holder.Rollback()
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.status("SLOW1") == order.Paid }, "the slow payment was not applied after the lock went")
+	close(stopWatch)
+	<-watched
+	if paused.Load() || len(e.logs.FilterMessage("consumption paused; waiting for the dependency").All()) > 0 {
+		t.Fatal("the consumer paused for one slow message")
+	}
+	if e.flows("SLOW1") != 1 || e.totalFlows() != 21 {
+		t.Fatalf("flows: SLOW1 %d, total %d; want 1 and 21", e.flows("SLOW1"), e.totalFlows())
+	}
+	if got := testutil.ToFloat64(e.metrics.RequeuedAlone); got < 3 {
+		t.Fatalf("paysvc_requeued_alone_total %v, want at least 3", got)
 	}
 }

@@ -1,10 +1,12 @@
 package listener
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -12,6 +14,8 @@ import (
 
 	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/deadletter"
+	"github.com/paysvc/paysvc/internal/metrics"
+	"github.com/paysvc/paysvc/internal/sqldb"
 )
 
 // Parker consumes q.pay.dlx.terminal into t_dead_letter. Each message is
@@ -24,7 +28,18 @@ type Parker struct {
 	Store    *deadletter.Store
 	Log      *zap.Logger
 	OnParked func(id int64, becameNew bool) // optional: wake the alerter
+	Metrics  *metrics.Metrics               // optional
+	// Timeout bounds each database write (0: DefaultParkTimeout), so that a
+	// black-holed MySQL cannot hold the parker, or shutdown, forever.
+	Timeout time.Duration
 }
+
+// DefaultParkTimeout bounds one parking's database writes.
+const DefaultParkTimeout = 10 * time.Second
+
+// ClassUnparkable is the class of a terminal message the table refused as
+// it came (a value no column takes), parked with its body alone.
+const ClassUnparkable = "unparkable"
 
 // Run parks terminal messages until ctx ends, reconnecting with backoff.
 func (p *Parker) Run(ctx context.Context) {
@@ -75,10 +90,12 @@ func (p *Parker) session(ctx context.Context) error {
 				return fmt.Errorf("terminal deliveries closed")
 			}
 			parked := parkedFrom(d, time.Now())
-			id, becameNew, err := p.Store.Park(context.WithoutCancel(ctx), parked)
+			id, becameNew, err := p.park(ctx, parked)
 			if err != nil {
+				// The database is unreachable or slow: the message goes back
+				// and the session ends; Run backs off before the next one.
 				d.Nack(false, true)
-				return err
+				return fmt.Errorf("park: %w", err)
 			}
 			if err := d.Ack(false); err != nil {
 				// The row is committed; the redelivered message matches its
@@ -92,6 +109,32 @@ func (p *Parker) session(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// park stores one terminal message within the write bound. A message whose
+// values the table refuses even after Store.Park cut them to fit is parked
+// with its body alone and the refusal as its reason, so that no message can
+// stop the parking of the others.
+func (p *Parker) park(ctx context.Context, parked deadletter.Parked) (int64, bool, error) {
+	timeout := cmp.Or(p.Timeout, DefaultParkTimeout)
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	id, becameNew, err := p.Store.Park(pctx, parked)
+	if err == nil || !sqldb.IsDataRejected(err) {
+		return id, becameNew, err
+	}
+	p.Log.Error("parker: the dead-letter table refused this terminal message; parking its body alone",
+		zap.String("order_no", parked.OrderNo), zap.String("error_class", parked.ErrorClass), zap.Error(err))
+	if p.Metrics != nil {
+		p.Metrics.ParkFallbacks.Inc()
+	}
+	bare := deadletter.Parked{Body: parked.Body, Headers: "{}", ErrorClass: ClassUnparkable,
+		LastError: fmt.Sprintf("the dead-letter table refused this message with its headers (%v); it was %s: %s",
+			err, parked.ErrorClass, parked.LastError),
+		RetryCount: parked.RetryCount, FirstFailedAt: parked.FirstFailedAt, LastFailedAt: parked.LastFailedAt}
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	return p.Store.Park(bctx, bare)
 }
 
 // parkedFrom reads what the terminal copy says about itself. A message the
@@ -108,11 +151,21 @@ func parkedFrom(d amqp.Delivery, now time.Time) deadletter.Parked {
 	} else {
 		p.OrderNo = lenientOrderNo(d.Body)
 	}
-	if p.ErrorClass == "" {
-		p.ErrorClass, p.LastError = "dead_lettered", "dead-lettered by the broker: "+deathReason(d.Headers)
-	}
 	p.FirstFailedAt = headerTime(d.Headers, HeaderFirstFailedAt, now)
 	p.LastFailedAt = headerTime(d.Headers, HeaderLastFailedAt, now)
+	if death, ok := brokerDeath(d.Headers); ok {
+		// The broker put it here (delivery limit, rejection, expiry) after
+		// whatever paysvc decided last: the reason is the broker's.
+		reason := "dead-lettered by the broker: " + death.String()
+		if p.ErrorClass != "" {
+			reason += fmt.Sprintf(" (before that, paysvc: %s: %s)", p.ErrorClass, p.LastError)
+		}
+		p.LastError = reason
+		p.ErrorClass = ClassDeadLettered
+		if !death.at.IsZero() {
+			p.LastFailedAt = death.at
+		}
+	}
 	h, err := json.Marshal(d.Headers)
 	if err != nil {
 		h, _ = json.Marshal(fmt.Sprint(d.Headers))
@@ -133,13 +186,48 @@ func headerTime(h amqp.Table, key string, def time.Time) time.Time {
 	return def
 }
 
-func deathReason(h amqp.Table) string {
+// ClassDeadLettered is the class of a message the broker put in the
+// terminal queue by itself.
+const ClassDeadLettered = "dead_lettered"
+
+// death is the broker's newest x-death entry.
+type death struct {
+	reason, queue string
+	count         int64
+	at            time.Time
+}
+
+func (d death) String() string {
+	s := fmt.Sprintf("%s from %s", cmp.Or(d.reason, "unknown reason"), cmp.Or(d.queue, "an unknown queue"))
+	if d.count > 1 {
+		s += fmt.Sprintf(" (%d times)", d.count)
+	}
+	return s
+}
+
+// brokerDeath reports whether the broker, not paysvc, moved the message into
+// the terminal queue last, and how. paysvc marks its own terminal copies
+// (x-routed-to); for copies made before that mark, paysvc's own terminal
+// copy carries at most the x-death of the wait queue that brought it back
+// to the main queue, while the broker's newest x-death (it comes first)
+// names the queue it dead-lettered the message from.
+func brokerDeath(h amqp.Table) (death, bool) {
+	var d death
 	if deaths, ok := h["x-death"].([]any); ok && len(deaths) > 0 {
-		if d, ok := deaths[0].(amqp.Table); ok {
-			return fmt.Sprintf("%v from %v", d["reason"], d["queue"])
+		if t, ok := deaths[0].(amqp.Table); ok {
+			d.reason, _ = t["reason"].(string)
+			d.queue, _ = t["queue"].(string)
+			d.count, _ = t["count"].(int64)
+			d.at, _ = t["time"].(time.Time)
 		}
 	}
-	return "unknown reason"
+	if to, ok := h[HeaderRoutedTo].(string); ok {
+		return d, to != TerminalQueue
+	}
+	if headerString(h, HeaderErrorClass) == "" {
+		return d, true // paysvc never saw it fail
+	}
+	return d, d.queue != "" && !strings.HasPrefix(d.queue, waitPrefix)
 }
 
 // lenientOrderNo finds a usable orderNo in a body that failed strict

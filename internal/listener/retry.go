@@ -14,7 +14,20 @@ const (
 	HeaderFirstFailedAt = "x-first-failed-at"
 	HeaderLastFailedAt  = "x-last-failed-at"
 	HeaderInFlightCount = "x-inflight-count"
+	// HeaderRequeueCount counts the times this message went back to the
+	// main queue alone, without spending an attempt, because its outcome
+	// was unknown or its handling timed out while every dependency answered.
+	HeaderRequeueCount = "x-requeue-count"
+	// HeaderRoutedTo names the queue paysvc published this copy to. A
+	// message in the terminal queue whose x-routed-to is not the terminal
+	// queue got there through the broker (delivery limit, rejection,
+	// expiry), after whatever paysvc had decided before.
+	HeaderRoutedTo = "x-routed-to"
 )
+
+// maxRequeuesAlone bounds the requeues without attempt one message can take
+// per attempt; past it the next failure spends an attempt like any retry.
+const maxRequeuesAlone = 3
 
 // maxInFlightRetries bounds the retries that wait out another holder's
 // lease without spending an attempt; past it they spend attempts like any
@@ -81,12 +94,15 @@ func (p RetryPolicy) inFlight(inflight int, remaining time.Duration) (string, bo
 	return WaitQueue(best), true
 }
 
-// failedCopy builds the copy of d published to a wait or terminal queue.
-func failedCopy(d amqp.Delivery, count int, class Class, cause error, now time.Time) amqp.Publishing {
+// failedCopy builds the copy of d published to queue (a wait queue, the
+// terminal queue, or the main queue for a requeue alone).
+func failedCopy(d amqp.Delivery, queue string, count int, class Class, cause error, now time.Time) amqp.Publishing {
 	h := amqp.Table{}
 	for k, v := range d.Headers {
 		h[k] = v
 	}
+	h[HeaderRoutedTo] = queue
+	delete(h, HeaderRequeueCount) // a fresh budget per attempt; requeue sets its own
 	text := cause.Error()
 	if len(text) > maxErrorText {
 		text = text[:maxErrorText]

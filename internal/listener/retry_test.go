@@ -79,11 +79,13 @@ func TestFailedCopyHeaders(t *testing.T) {
 	for i := range long {
 		long[i] = 'x'
 	}
-	c := failedCopy(d, 2, ClassBalance, errors.New(string(long)), now)
+	d.Headers[HeaderRequeueCount] = int32(3)
+	c := failedCopy(d, WaitQueue(time.Second), 2, ClassBalance, errors.New(string(long)), now)
 	if c.Headers["trace-id"] != "abc" || c.Headers[HeaderRetryCount] != int32(2) ||
 		c.Headers[HeaderErrorClass] != "balance_not_enough" || len(c.Headers[HeaderLastError].(string)) != maxErrorText ||
 		c.Headers[HeaderFirstFailedAt] != "2026-11-30T08:00:00Z" || c.Headers[HeaderLastFailedAt] != "2026-11-30T09:00:00Z" ||
-		c.DeliveryMode != amqp.Persistent || c.MessageId != "m1" {
+		c.DeliveryMode != amqp.Persistent || c.MessageId != "m1" ||
+		c.Headers[HeaderRoutedTo] != "q.pay.dlx.wait.1s" || c.Headers[HeaderRequeueCount] != nil {
 		t.Fatalf("copy %+v", c)
 	}
 	if d.Headers[HeaderRetryCount] != int32(1) {

@@ -23,8 +23,11 @@ type Metrics struct {
 	Degraded          prometheus.Gauge
 	Ready             prometheus.Gauge
 	Reconnects        *prometheus.CounterVec // component: consumer, parker, outbox, monitor
-	QueueMessages     *prometheus.GaugeVec   // queue
-	QueueOldestAge    *prometheus.GaugeVec   // queue
+	Pauses            *prometheus.CounterVec // class: what paused consumption
+	RequeuedAlone     prometheus.Counter
+	ParkFallbacks     prometheus.Counter
+	QueueMessages     *prometheus.GaugeVec // queue
+	QueueOldestAge    *prometheus.GaugeVec // queue
 	TerminalPending   prometheus.Gauge
 	DeadLettersNew    prometheus.Gauge
 	OutboxPending     prometheus.Gauge
@@ -48,7 +51,7 @@ func New() *Metrics {
 			Buckets: []float64{1, 2, 4, 6, 8, 10, 15, 20, 30, 50}}),
 		TxRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paysvc_tx_retries_total",
-			Help: "Payment transactions (single or grouped) run again after a deadlock, a lock wait timeout or a lost connection."}),
+			Help: "Payment transactions (single or grouped) run again after a deadlock or a lost connection."}),
 		Disagreements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paysvc_guard_disagreements_total",
 			Help: "Times Redis and the database disagreed: redis_new_db_applied (Redis said new, the database had applied it), redis_done_db_unpaid."},
@@ -59,6 +62,15 @@ func New() *Metrics {
 			Name: "paysvc_ready", Help: "1 while the consumer is consuming."}),
 		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paysvc_reconnects_total", Help: "Broker sessions that ended and were started again."}, []string{"component"}),
+		Pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paysvc_pauses_total", Help: "Times consumption paused because a dependency was down, by the error class that showed it."},
+			[]string{"class"}),
+		RequeuedAlone: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paysvc_requeued_alone_total",
+			Help: "Messages sent back to the main queue alone, without an attempt (outcome unknown or timed out while every dependency answered)."}),
+		ParkFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paysvc_park_fallbacks_total",
+			Help: "Terminal messages the dead-letter table refused as they came, parked with their body alone (class unparkable)."}),
 		QueueMessages: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "paysvc_queue_messages", Help: "Ready messages in each queue (passive declare)."}, []string{"queue"}),
 		QueueOldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -74,6 +86,7 @@ func New() *Metrics {
 			Name: "paysvc_reconcile_problems", Help: "Problems the last scheduled reconciliation found."}),
 	}
 	r.MustRegister(m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
+		m.Pauses, m.RequeuedAlone, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.ReconcileProblems,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, res := range []string{"FIRST", "DUPLICATE", "RETRY", "TERMINAL", "REQUEUE"} {

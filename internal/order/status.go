@@ -23,10 +23,10 @@ var (
 	// ErrNotFound: no such order yet (its creation may not be visible).
 	// Retryable.
 	ErrNotFound = errors.New("order: not found")
-	// ErrAlreadyPaid: PAID or SETTLED with the same user and amount. A
-	// duplicate: ack.
+	// ErrAlreadyPaid: PAID, SETTLED or REFUNDED (paid, then refunded) with
+	// the same user and amount. A duplicate: ack.
 	ErrAlreadyPaid = errors.New("order: already paid")
-	// ErrNotPayable: REFUNDED. Terminal.
+	// ErrNotPayable: a status paysvc does not know. Terminal.
 	ErrNotPayable = errors.New("order: not payable")
 	// ErrMismatch: the message's user or amount differ from the order's.
 	// Terminal.

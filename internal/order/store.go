@@ -45,7 +45,8 @@ func NewStore(db *sqlx.DB) *Store { return &Store{db: db, Attempts: 3} }
 // It returns nil when this call applied the payment, and otherwise:
 // ErrAlreadyPaid or account.ErrDuplicateFlow (a duplicate: ack),
 // ErrNotFound, account.ErrInsufficientBalance, account.ErrNoAccount
-// (retryable), ErrNotPayable and ErrMismatch (terminal), an error wrapping
+// (retryable), ErrNotPayable (a status paysvc does not know) and
+// ErrMismatch (terminal), an error wrapping
 // sqldb.ErrCommitUnknown (don't ack: re-read), or a database error. Every
 // error leaves nothing changed, except that after ErrCommitUnknown the
 // payment may have been applied.
@@ -84,9 +85,9 @@ func (s *Store) retried(err error) {
 // caller's transaction, with the errors Pay returns (except
 // ErrCommitUnknown: the caller commits). paybench measures the plain
 // transaction and grouping with it; Pay is the path paysvc uses.
-func PayTx(ctx context.Context, tx *sqlx.Tx, p Payment) error { return pay(ctx, tx, p) }
+func PayTx(ctx context.Context, tx *sqldb.Tx, p Payment) error { return pay(ctx, tx, p) }
 
-func pay(ctx context.Context, tx *sqlx.Tx, p Payment) error {
+func pay(ctx context.Context, tx *sqldb.Tx, p Payment) error {
 	res, err := tx.ExecContext(ctx,
 		`UPDATE t_order SET status = 'PAID', pay_time = CURRENT_TIMESTAMP(3)
 		 WHERE order_no = ? AND status = 'INIT' AND user_id = ? AND amount = CAST(? AS DECIMAL(18,2))`,
@@ -143,14 +144,14 @@ func check(ctx context.Context, q sqlx.QueryerContext, p Payment) error {
 			ErrMismatch, o.UserID, o.Amount, p.UserID, p.Amount, o.Status)
 	}
 	switch o.Status {
-	case Paid, Settled:
+	case Paid, Settled, Refunded:
+		// REFUNDED too: the payment was applied once (then refunded); a
+		// redelivered or replayed copy is a duplicate.
 		return fmt.Errorf("%w (%s)", ErrAlreadyPaid, o.Status)
-	case Refunded:
-		return fmt.Errorf("%w (%s)", ErrNotPayable, o.Status)
 	case Init:
 		return nil
 	}
-	return fmt.Errorf("order has unknown status %q", o.Status)
+	return fmt.Errorf("%w: unknown status %q", ErrNotPayable, o.Status)
 }
 
 // Ping checks that the database answers and takes writes: a primary that

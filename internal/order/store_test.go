@@ -100,7 +100,7 @@ func TestDeductUniqueIndexRefusesSecondFlow(t *testing.T) {
 	ctx := context.Background()
 	seed(t, db, "P3", 7, "10.00", "100.00")
 	deduct := func() error {
-		return sqldb.InTx(ctx, db, func(tx *sqlx.Tx) error { return account.Deduct(ctx, tx, 7, 1000, "P3") })
+		return sqldb.InTx(ctx, db, func(tx *sqldb.Tx) error { return account.Deduct(ctx, tx, 7, 1000, "P3") })
 	}
 	if err := deduct(); err != nil {
 		t.Fatal(err)
@@ -148,7 +148,7 @@ func TestPayErrors(t *testing.T) {
 		{"missing order", pay("NOPE", 1, 5000), order.ErrNotFound},
 		{"other user", pay("E1", 99, 5000), order.ErrMismatch},
 		{"other amount", pay("E1", 1, 5001), order.ErrMismatch},
-		{"refunded", pay("E2", 2, 5000), order.ErrNotPayable},
+		{"refunded: paid once, then refunded", pay("E2", 2, 5000), order.ErrAlreadyPaid},
 		{"no account", pay("E3", 3, 500), account.ErrNoAccount},
 		{"settled", pay("E4", 4, 5000), order.ErrAlreadyPaid},
 		{"settled, other amount", pay("E4", 4, 1), order.ErrMismatch},

@@ -83,57 +83,112 @@ func (d *Dispatcher) session(ctx context.Context) error {
 	}
 }
 
-// DispatchOnce publishes up to Batch due notices, each with a confirm, and
-// marks them SENT. Rows are locked with SKIP LOCKED so that replicas share the
-// work. A failed publish schedules the notice again with backoff and returns
-// the error. It returns how many notices it sent.
+// LeaseTime is how long a notice taken by one dispatcher stays hidden from
+// the others: longer than a batch's publish and confirm wait. A notice
+// whose dispatcher died between its publish and its mark is sent again after
+// it (notices are at least once; the order number is their idempotency key).
+const LeaseTime = 60 * time.Second
+
+// notice is a row taken for publishing.
+type notice struct {
+	ID       int64  `db:"id"`
+	BizNo    string `db:"biz_no"`
+	Payload  []byte `db:"payload"`
+	Attempts int    `db:"attempts"`
+}
+
+// DispatchOnce publishes up to Batch due notices and returns how many it
+// sent. It takes them in a short transaction (SKIP LOCKED, so replicas
+// share the work) that leases them for LeaseTime and commits at once:
+// no row lock is held while publishing, so a blocked broker never stalls
+// the payments' outbox inserts. It then publishes them outside any
+// transaction with one confirm wait for the batch, and marks the sent ones
+// in one statement; a notice that failed is scheduled again with backoff
+// (1 s, 2 s, 4 s... 5 min) and the first failure is returned.
 func (d *Dispatcher) DispatchOnce(ctx context.Context, pub *broker.Publisher) (int, error) {
-	sent := 0
-	var pubErr error
-	err := sqldb.InTx(ctx, d.DB, func(tx *sqlx.Tx) error {
-		var rows []struct {
-			ID       int64  `db:"id"`
-			BizNo    string `db:"biz_no"`
-			Payload  []byte `db:"payload"`
-			Attempts int    `db:"attempts"`
-		}
+	var rows []notice
+	err := sqldb.InTx(ctx, d.DB, func(tx *sqldb.Tx) error {
 		err := tx.SelectContext(ctx, &rows, `SELECT id, biz_no, payload, attempts FROM t_outbox
 			WHERE status = 'PENDING' AND next_attempt_at <= CURRENT_TIMESTAMP(3)
-			ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`, d.Batch)
+			ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`, min(d.Batch, broker.MaxBatch))
+		if err != nil || len(rows) == 0 {
+			return err
+		}
+		q, args, err := sqlx.In(`UPDATE t_outbox SET attempts = attempts + 1,
+			next_attempt_at = CURRENT_TIMESTAMP(3) + INTERVAL ? SECOND WHERE id IN (?)`, int(LeaseTime/time.Second), ids(rows))
 		if err != nil {
 			return err
 		}
-		for _, r := range rows {
-			pubErr = pub.Publish(ctx, Exchange, RoutingKey, amqp.Publishing{
-				ContentType:  "application/json",
-				DeliveryMode: amqp.Persistent,
-				MessageId:    "outbox-" + strconv.FormatInt(r.ID, 10),
-				Timestamp:    time.Now(),
-				Type:         EventPaymentSucceeded,
-				Body:         r.Payload,
-			})
-			if pubErr != nil {
-				delay := min(1<<min(r.Attempts, 8), 300) // seconds: 1, 2, 4, ... 256, 300
-				msg := pubErr.Error()
-				if len(msg) > 1000 {
-					msg = msg[:1000]
-				}
-				_, err := tx.ExecContext(ctx, `UPDATE t_outbox SET attempts = attempts + 1, last_error = ?,
-					next_attempt_at = CURRENT_TIMESTAMP(3) + INTERVAL ? SECOND WHERE id = ?`, msg, delay, r.ID)
-				d.Log.Warn("outbox: notice not published; will retry", zap.String("order_no", r.BizNo),
-					zap.Int("attempt", r.Attempts+1), zap.Error(pubErr))
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, `UPDATE t_outbox SET status = 'SENT', attempts = attempts + 1,
-				sent_time = CURRENT_TIMESTAMP(3) WHERE id = ?`, r.ID); err != nil {
-				return err
-			}
-			sent++
-		}
-		return nil
+		_, err = tx.ExecContext(ctx, q, args...)
+		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("outbox: %w", err)
+		return 0, fmt.Errorf("outbox: lease: %w", err)
 	}
-	return sent, pubErr
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	msgs := make([]amqp.Publishing, len(rows))
+	for i, r := range rows {
+		msgs[i] = amqp.Publishing{
+			ContentType:  "application/json",
+			DeliveryMode: amqp.Persistent,
+			MessageId:    "outbox-" + strconv.FormatInt(r.ID, 10),
+			Timestamp:    time.Now(),
+			Type:         EventPaymentSucceeded,
+			Body:         r.Payload,
+		}
+	}
+	errs := pub.PublishBatch(ctx, Exchange, RoutingKey, msgs)
+	var sent, failed []notice
+	var firstErr error
+	for i, r := range rows {
+		if errs[i] == nil {
+			sent = append(sent, r)
+			continue
+		}
+		failed = append(failed, r)
+		if firstErr == nil {
+			firstErr = errs[i]
+		}
+		d.Log.Warn("outbox: notice not published; will retry", zap.String("order_no", r.BizNo),
+			zap.Int("attempt", r.Attempts+1), zap.Error(errs[i]))
+	}
+	// The marks run even when ctx ended: the publishes are done.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if len(sent) > 0 {
+		q, args, err := sqlx.In(`UPDATE t_outbox SET status = 'SENT', sent_time = CURRENT_TIMESTAMP(3) WHERE id IN (?)`, ids(sent))
+		if err == nil {
+			_, err = d.DB.ExecContext(mctx, q, args...)
+		}
+		if err != nil {
+			// Sent but not marked: sent again after the lease.
+			return 0, fmt.Errorf("outbox: mark %d notices sent: %w", len(sent), err)
+		}
+	}
+	if len(failed) > 0 {
+		msg := firstErr.Error()
+		if len(msg) > 1000 {
+			msg = msg[:1000]
+		}
+		q, args, err := sqlx.In(`UPDATE t_outbox SET last_error = ?,
+			next_attempt_at = CURRENT_TIMESTAMP(3) + INTERVAL LEAST(POW(2, LEAST(attempts - 1, 8)), 300) SECOND
+			WHERE id IN (?)`, msg, ids(failed))
+		if err == nil {
+			_, err = d.DB.ExecContext(mctx, q, args...)
+		}
+		if err != nil {
+			return len(sent), fmt.Errorf("outbox: reschedule: %w (after %w)", err, firstErr)
+		}
+	}
+	return len(sent), firstErr
+}
+
+func ids(rows []notice) []int64 {
+	out := make([]int64, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
 }

@@ -47,7 +47,7 @@ func PaymentSucceeded(orderNo string, userID int64, amount money.Cents, paidAt t
 
 // AddPaymentSucceeded writes the notice for a payment inside the caller's
 // transaction.
-func AddPaymentSucceeded(ctx context.Context, tx sqlx.ExtContext, orderNo string, userID int64, amount money.Cents, paidAt time.Time) error {
+func AddPaymentSucceeded(ctx context.Context, tx sqlx.ExecerContext, orderNo string, userID int64, amount money.Cents, paidAt time.Time) error {
 	payload := PaymentSucceeded(orderNo, userID, amount, paidAt)
 	_, err := tx.ExecContext(ctx, "INSERT INTO t_outbox (event_type, biz_no, payload) VALUES (?, ?, ?)",
 		EventPaymentSucceeded, orderNo, payload)

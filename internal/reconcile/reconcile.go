@@ -130,7 +130,7 @@ func duplicates(ctx context.Context, db *sqlx.DB, o Options, r *Report) error {
 // transaction. A reversal that already exists (another run got there first)
 // is not an error.
 func reverse(ctx context.Context, db *sqlx.DB, userID int64, refund money.Cents, bizNo string) error {
-	err := sqldb.InTx(ctx, db, func(tx *sqlx.Tx) error {
+	err := sqldb.InTx(ctx, db, func(tx *sqldb.Tx) error {
 		return account.Credit(ctx, tx, userID, refund, bizNo+ReverseSuffix, account.TypeReverseDeduct,
 			"reversal of duplicate PAY_DEDUCT "+bizNo)
 	})

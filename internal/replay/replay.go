@@ -36,35 +36,23 @@ type Replayer struct {
 	Every   time.Duration // minimum gap between two replays (rate limit)
 }
 
-// Selection names dead letters: by id or order number, or every NEW one of a
-// class, or every NEW one.
+// Selection names dead letters in bulk: every NEW one of a class, or every
+// NEW one. (Single dead letters are named by id or order number: see
+// deadletter.Store.FindOrder and deadletter.Choose.)
 type Selection struct {
-	Refs  []string
 	Class string
 	All   bool
 }
 
 // ErrNoSelection: nothing selected.
-var ErrNoSelection = errors.New("replay: give ids or order numbers, --class, or --all")
+var ErrNoSelection = errors.New("replay: give order numbers, --id, --class, or --all")
 
-// Select resolves a selection. Named rows may be NEW or DISCARDED; --class
-// and --all take NEW rows only.
+// Select resolves a selection to NEW rows.
 func (r *Replayer) Select(ctx context.Context, sel Selection) ([]deadletter.DeadLetter, error) {
-	switch {
-	case len(sel.Refs) > 0:
-		var out []deadletter.DeadLetter
-		for _, ref := range sel.Refs {
-			d, _, err := r.Store.Get(ctx, ref)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, d)
-		}
-		return out, nil
-	case sel.Class != "" || sel.All:
-		return r.Store.List(ctx, deadletter.Filter{Class: sel.Class, Status: deadletter.New, Limit: 100000})
+	if sel.Class == "" && !sel.All {
+		return nil, ErrNoSelection
 	}
-	return nil, ErrNoSelection
+	return r.Store.List(ctx, deadletter.Filter{Class: sel.Class, Status: deadletter.New, Limit: 100000})
 }
 
 // Result is what happened, or would happen, to one dead letter.
@@ -159,7 +147,7 @@ func (r *Replayer) Predict(ctx context.Context, d deadletter.DeadLetter) string 
 	case errors.Is(err, order.ErrMismatch):
 		return "would fail: amount or user differ from the order"
 	case errors.Is(err, order.ErrNotPayable):
-		return "would fail: order refunded"
+		return "would fail: " + err.Error()
 	case err != nil:
 		return "unknown: " + err.Error()
 	}

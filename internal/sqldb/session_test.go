@@ -149,7 +149,7 @@ func TestIdleTransactionOfABlackholedClientEnds(t *testing.T) {
 	defer pool.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	err = sqldb.InTx(ctx, pool, func(tx *sqlx.Tx) error {
+	err = sqldb.InTx(ctx, pool, func(tx *sqldb.Tx) error {
 		_, err := tx.ExecContext(ctx, "UPDATE t_account SET balance = 5.00 WHERE user_id = 1")
 		return err
 	})

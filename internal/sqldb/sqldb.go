@@ -160,23 +160,46 @@ func inspect(ctx context.Context, cfg *mysql.Config) (server, error) {
 	return server{mariaDB: strings.Contains(strings.ToLower(version), "mariadb")}, nil
 }
 
-// InTx runs fn in one transaction. fn's error rolls everything back and is
-// returned as is. An error from COMMIT is wrapped in ErrCommitUnknown; it is
-// never lost.
-func InTx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
-	tx, err := db.BeginTxx(ctx, nil)
+// Tx is a connection inside a transaction of InTx.
+type Tx = sqlx.Conn
+
+// rollbackTimeout bounds a ROLLBACK sent after the caller's context ended.
+const rollbackTimeout = 5 * time.Second
+
+// InTx runs fn in one transaction on a connection of its own. fn's error
+// rolls everything back and is returned as is. An error from COMMIT is
+// wrapped in ErrCommitUnknown; it is never lost.
+//
+// Every statement, COMMIT and ROLLBACK included, runs under a context:
+// database/sql's Tx.Commit and Tx.Rollback take none, and on a black-holed
+// connection they would wait forever. A connection whose transaction state
+// is unknown (a failed COMMIT or ROLLBACK) is discarded, never pooled.
+func InTx(ctx context.Context, db *sqlx.DB, fn func(tx *Tx) error) error {
+	conn, err := db.Connx(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	if err := fn(tx); err != nil {
+	defer conn.Close()
+	discard := func() { conn.Raw(func(any) error { return driver.ErrBadConn }) }
+	if _, err := conn.ExecContext(ctx, "START TRANSACTION"); err != nil {
+		discard()
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(conn); err != nil {
 		// After a lock wait timeout (1205) MySQL has rolled back only the
 		// statement: this rolls back the whole transaction.
-		if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
-			return errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
+		if _, rbErr := conn.ExecContext(rctx, "ROLLBACK"); rbErr != nil {
+			discard()
+			if !IsConnection(err) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				return errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
+			}
 		}
 		return err
 	}
-	if err := tx.Commit(); err != nil {
+	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+		discard()
 		return fmt.Errorf("%w: %w", ErrCommitUnknown, err)
 	}
 	return nil
@@ -246,6 +269,16 @@ func IsSchemaOrPermission(err error) bool {
 		return true
 	}
 	return false
+}
+
+// IsDataRejected reports a server error about the values written (too
+// long, not valid in the character set, out of range, against a CHECK
+// constraint...): writing the same values again fails again, while other
+// values would go through. Connection, lock, schema and permission errors
+// are not data errors.
+func IsDataRejected(err error) bool {
+	return code(err) != 0 && !IsDeadlock(err) && !IsLockWait(err) && !IsDuplicateKey(err) &&
+		!IsConnection(err) && !IsSchemaOrPermission(err)
 }
 
 // Transient reports an error worth retrying the whole transaction in place

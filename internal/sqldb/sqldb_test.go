@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
-
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/testenv"
 )
@@ -18,10 +16,12 @@ func TestInTxReportsCommitUnknown(t *testing.T) {
 	t.Parallel()
 	_, db := testenv.MySQL(t)
 	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 10.00)")
-	err := sqldb.InTx(context.Background(), db, func(tx *sqlx.Tx) error {
-		tx.MustExec("UPDATE t_account SET balance = 5.00 WHERE user_id = 1")
+	err := sqldb.InTx(context.Background(), db, func(tx *sqldb.Tx) error {
+		if _, err := tx.ExecContext(context.Background(), "UPDATE t_account SET balance = 5.00 WHERE user_id = 1"); err != nil {
+			return err
+		}
 		var id int64
-		if err := tx.Get(&id, "SELECT CONNECTION_ID()"); err != nil {
+		if err := tx.GetContext(context.Background(), &id, "SELECT CONNECTION_ID()"); err != nil {
 			return err
 		}
 		if _, err := db.Exec("KILL CONNECTION ?", id); err != nil {
@@ -49,8 +49,10 @@ func TestInTxRollsBackOnError(t *testing.T) {
 	_, db := testenv.MySQL(t)
 	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 10.00)")
 	boom := errors.New("boom")
-	err := sqldb.InTx(context.Background(), db, func(tx *sqlx.Tx) error {
-		tx.MustExec("UPDATE t_account SET balance = 5.00 WHERE user_id = 1")
+	err := sqldb.InTx(context.Background(), db, func(tx *sqldb.Tx) error {
+		if _, err := tx.ExecContext(context.Background(), "UPDATE t_account SET balance = 5.00 WHERE user_id = 1"); err != nil {
+			return err
+		}
 		return boom
 	})
 	var bal string

@@ -1,9 +1,9 @@
 package testenv
 
 import (
-	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -116,37 +116,42 @@ func (p *Proxy) pipe(client net.Conn) {
 		client.Close()
 		return
 	}
-	done := make(chan bool, 2)
-	go func() { done <- p.forward(server, client) }()
-	go func() { io.Copy(client, server); done <- false }()
-	if holed := <-done; holed {
-		// Keep the server's side open: Down closes it.
-		client.Close()
-		return
+	var holed atomic.Bool
+	done := make(chan struct{}, 2)
+	go func() { p.copy(server, client, &holed, true); done <- struct{}{} }()
+	go func() { p.copy(client, server, &holed, false); done <- struct{}{} }()
+	<-done
+	if holed.Load() {
+		return // both sides stay open, silent, until Down
 	}
 	client.Close()
 	server.Close()
 }
 
-// forward copies what the client sends to the server until either side
-// ends, or, when a chunk matches the black-hole rule, stops and reports true.
-func (p *Proxy) forward(server, client net.Conn) bool {
+// copy forwards src to dst until either ends. Once the connection is
+// black-holed (a chunk from the client matched), it reads and drops
+// everything, both ways, and keeps both sockets open.
+func (p *Proxy) copy(dst, src net.Conn, holed *atomic.Bool, fromClient bool) {
 	buf := make([]byte, 64<<10)
 	for {
-		n, err := client.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			hole := p.hole
-			p.mu.Unlock()
-			if hole != nil && hole(buf[:n]) {
-				return true
+		n, err := src.Read(buf)
+		if n > 0 && !holed.Load() {
+			if fromClient {
+				p.mu.Lock()
+				hole := p.hole
+				p.mu.Unlock()
+				if hole != nil && hole(buf[:n]) {
+					holed.Store(true)
+				}
 			}
-			if _, werr := server.Write(buf[:n]); werr != nil {
-				return false
+			if !holed.Load() {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
 			}
 		}
 		if err != nil {
-			return false
+			return // when holed, pipe closes nothing: Down does
 		}
 	}
 }

@@ -1,0 +1,121 @@
+package outbox_test
+
+import (
+	"bytes"
+	"context"
+	"net/url"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/paysvc/paysvc/internal/broker"
+	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/outbox"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+func dial(t *testing.T, amqpURL string) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// While a batch waits on a broker that does not answer, the dispatcher
+// holds no transaction and no row lock: payments go on writing notices,
+// another dispatcher skips the leased rows, and the batch is scheduled
+// again when its publish fails; a healthy broker then gets every notice
+// once, marked SENT.
+func TestDispatcherHoldsNoLockWhilePublishing(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	amqpURL := testenv.AMQP(t)
+	ch, err := dial(t, amqpURL).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Declare(ch); err != nil {
+		t.Fatal(err)
+	}
+	for _, no := range []string{"N1", "N2", "N3"} {
+		if err := outbox.AddPaymentSucceeded(context.Background(), db, no, 1, money.Cents(100), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, _ := url.Parse(amqpURL)
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	stuck := broker.NewPublisher(dial(t, u.String()), 3*time.Second)
+	defer proxy.Down() // before the connection's cleanup, which would wait for the black hole
+	proxy.BlackholeWhen(func(b []byte) bool { return bytes.Contains(b, []byte(outbox.Exchange)) })
+	d := &outbox.Dispatcher{DB: db, Batch: 100, Log: zap.NewNop()}
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := d.DispatchOnce(context.Background(), stuck)
+		done <- result{n, err}
+	}()
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		var n int
+		db.Get(&n, "SELECT COUNT(*) FROM t_outbox WHERE attempts = 1")
+		return n == 3
+	}, "the batch was not leased")
+
+	// Publishing is stuck now. No transaction of this database is open...
+	var open int
+	if err := db.Get(&open, `SELECT COUNT(*) FROM information_schema.innodb_trx t
+		JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id WHERE p.db = DATABASE()`); err != nil {
+		t.Fatal(err)
+	}
+	if open != 0 {
+		t.Fatalf("%d transactions open while the dispatcher publishes", open)
+	}
+	// ... a payment writes its notice at once, the leased rows are not
+	// locked, and a second dispatcher finds nothing due.
+	tx := db.MustBegin()
+	tx.MustExec("SET SESSION innodb_lock_wait_timeout = 1")
+	if err := outbox.AddPaymentSucceeded(context.Background(), tx, "N4", 1, money.Cents(100), time.Now()); err != nil { // rolled back below
+		t.Fatalf("a payment's notice insert while publishing: %v", err)
+	}
+	var ids []int64
+	if err := tx.Select(&ids, "SELECT id FROM t_outbox WHERE biz_no IN ('N1', 'N2', 'N3') FOR UPDATE"); err != nil || len(ids) != 3 {
+		t.Fatalf("the leased rows are locked: %v", err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	healthy := broker.NewPublisher(dial(t, amqpURL), 3*time.Second)
+	defer healthy.Close()
+	if n, err := d.DispatchOnce(context.Background(), healthy); err != nil || n != 0 {
+		t.Fatalf("a second dispatcher sent %d (%v): the leased rows were not hidden", n, err)
+	}
+
+	r := <-done
+	if r.err == nil || r.n != 0 {
+		t.Fatalf("the stuck batch: %d sent, %v; want 0 and an error", r.n, r.err)
+	}
+	var pending int
+	db.Get(&pending, "SELECT COUNT(*) FROM t_outbox WHERE status = 'PENDING' AND last_error <> '' AND next_attempt_at <= CURRENT_TIMESTAMP(3) + INTERVAL 2 SECOND")
+	if pending != 3 {
+		t.Fatalf("%d failed notices rescheduled within their backoff, want 3", pending)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		if n, err := d.DispatchOnce(context.Background(), healthy); err != nil {
+			t.Logf("dispatch: %d, %v", n, err)
+		}
+		var sent int
+		db.Get(&sent, "SELECT COUNT(*) FROM t_outbox WHERE status = 'SENT' AND sent_time IS NOT NULL")
+		return sent == 3
+	}, "the notices were not sent once the broker answered")
+	if n := testenv.Depth(t, amqpURL, outbox.Queue); n != 3 {
+		t.Fatalf("%d notices in %s, want 3", n, outbox.Queue)
+	}
+}
