@@ -61,8 +61,11 @@ type Config struct {
 		Delays      []time.Duration
 		MaxAttempts int
 	}
-	HTTP      struct{ Addr string }
-	Log       struct{ Level, Format string }
+	HTTP struct{ Addr string }
+	Log  struct {
+		Level, Format  string
+		FirstPerSecond int
+	}
 	Admin     struct{ Token string }
 	Alert     struct{ WebhookURL string }
 	Metrics   struct{ QueueInterval time.Duration }
@@ -108,6 +111,7 @@ var defaults = []struct {
 	{"http.addr", "127.0.0.1:8080"},
 	{"log.level", "info"},
 	{"log.format", "json"},
+	{"log.firstPerSecond", 0},
 	{"admin.token", ""},
 	{"alert.webhookUrl", ""},
 	{"metrics.queueInterval", "15s"},
@@ -204,6 +208,7 @@ func loadConfig(path string, mustExist bool, env map[string]string) (*Config, er
 	c.HTTP.Addr = d.str("http.addr")
 	c.Log.Level = strings.ToLower(d.str("log.level"))
 	c.Log.Format = strings.ToLower(d.str("log.format"))
+	c.Log.FirstPerSecond = d.int("log.firstPerSecond")
 	c.Admin.Token = d.str("admin.token")
 	c.Alert.WebhookURL = d.str("alert.webhookUrl")
 	c.Metrics.QueueInterval = d.duration("metrics.queueInterval")
@@ -339,6 +344,9 @@ func (c *Config) validate() []error {
 	}
 	if c.Log.Format != "json" && c.Log.Format != "console" {
 		bad("log.format", "want json or console, got %q", c.Log.Format)
+	}
+	if c.Log.FirstPerSecond < 0 {
+		bad("log.firstPerSecond", "want 0 (every applied payment logged) or more, got %d", c.Log.FirstPerSecond)
 	}
 	if t := c.Admin.Token; t != "" && len(t) < 16 {
 		bad("admin.token", "want at least 16 characters")
@@ -490,7 +498,8 @@ func (c *Config) redacted() map[string]any {
 		"idempotent.lease": c.Idempotent.Lease.String(), "idempotent.redisFallback": c.Idempotent.RedisFallback,
 		"retry.delays": delays, "retry.maxAttempts": c.Retry.MaxAttempts,
 		"http.addr": c.HTTP.Addr, "log.level": c.Log.Level, "log.format": c.Log.Format,
-		"admin.token": secret(c.Admin.Token), "alert.webhookUrl": secret(c.Alert.WebhookURL),
+		"log.firstPerSecond": c.Log.FirstPerSecond,
+		"admin.token":        secret(c.Admin.Token), "alert.webhookUrl": secret(c.Alert.WebhookURL),
 		"metrics.queueInterval": c.Metrics.QueueInterval.String(),
 		"reconcile.interval":    c.Reconcile.Interval.String(), "reconcile.window": c.Reconcile.Window.String(),
 		"reconcile.fix": c.Reconcile.Fix,

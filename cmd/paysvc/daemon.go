@@ -18,6 +18,7 @@ import (
 	"github.com/paysvc/paysvc/internal/deadletter"
 	"github.com/paysvc/paysvc/internal/idem"
 	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/logging"
 	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/order"
 	"github.com/paysvc/paysvc/internal/outbox"
@@ -84,6 +85,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		GroupConns:     cfg.MySQL.GroupConns,
 		Metrics:        m,
 		Events:         events,
+		FirstLog:       logging.Sampled(log, cfg.Log.FirstPerSecond, firstThereafter),
 	}, orders, guard, log)
 
 	// Helpers stop when the consumer has drained, not before.
@@ -148,6 +150,10 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	return err
 }
 
+// firstThereafter: past log.firstPerSecond in a second, one applied
+// payment in this many is still logged.
+const firstThereafter = 100
+
 // scheduledReconcile runs reconciliation over the last window, every
 // interval, logging what it finds.
 func scheduledReconcile(ctx context.Context, cfg *Config, db *sqldb.DB, m *metrics.Metrics, log *zap.Logger) {
@@ -159,7 +165,7 @@ func scheduledReconcile(ctx context.Context, cfg *Config, db *sqldb.DB, m *metri
 		} else {
 			m.ReconcileProblems.Set(float64(len(rep.Problems)))
 			for _, p := range rep.Problems {
-				log.Warn("reconcile problem", zap.String("kind", p.Kind), zap.String("biz_no", p.BizNo),
+				log.Warn("reconcile problem", zap.String("kind", p.Kind), zap.String("order_no", p.BizNo),
 					zap.Int64("user_id", p.UserID), zap.String("detail", p.Detail), zap.Bool("fixed", p.Fixed))
 			}
 			log.Info("reconcile done", zap.Int("problems", len(rep.Problems)), zap.Int("reconciled", rep.Reconciled))

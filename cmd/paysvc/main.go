@@ -21,9 +21,14 @@ var version = "dev"
 
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Environ(), os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "paysvc: %v\n", err)
 		var exit *exitError
-		if errors.As(err, &exit) {
+		isExit := errors.As(err, &exit)
+		if !isExit || !exit.logged {
+			// The commands meant for people (dlq, reconcile, trace) say it
+			// in plain text; the daemon has logged it already.
+			fmt.Fprintf(os.Stderr, "paysvc: %v\n", err)
+		}
+		if isExit {
 			os.Exit(exit.code)
 		}
 		os.Exit(1)

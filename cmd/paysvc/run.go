@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/paysvc/paysvc/internal/logging"
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/migrations"
 )
@@ -39,10 +39,12 @@ commands:
 overridden by PAYSVC_<SECTION>_<KEY>, or PAYSVC_<SECTION>_<KEY>_FILE.
 `
 
-// exitError carries a process exit status other than 1.
+// exitError carries a process exit status other than 1, or an error the
+// daemon's log already reported (logged): main then prints nothing more.
 type exitError struct {
-	code int
-	err  error
+	code   int
+	err    error
+	logged bool
 }
 
 func (e *exitError) Error() string { return e.err.Error() }
@@ -124,8 +126,12 @@ func run(ctx context.Context, args, env []string, out io.Writer) error {
 			envMap[k] = v
 		}
 	}
+	daemonCommand := cmd.name == "run" || cmd.name == "migrate"
 	cfg, err := loadConfig(cmd.configPath, cmd.mustExist, envMap)
 	if err != nil {
+		if daemonCommand {
+			return logFailure(nil, out, err)
+		}
 		return err
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
@@ -136,17 +142,41 @@ func run(ctx context.Context, args, env []string, out io.Writer) error {
 	if len(cmd.args) > 0 {
 		return fmt.Errorf("%s: unexpected arguments %q\n%s", cmd.name, cmd.args, usage)
 	}
-	log, err := newLogger(cfg, out)
+	log, err := logging.New(logging.Config{Level: cfg.Log.Level, Format: cfg.Log.Format}, out)
 	if err != nil {
-		return err
+		return logFailure(nil, out, err)
 	}
 	defer log.Sync()
+	logging.RouteLibraries(log)
 	log.Info("paysvc starting", zap.String("command", cmd.name), zap.String("version", version),
 		zap.Any("config", cfg.redacted()))
 	if cmd.name == "migrate" {
-		return migrate(ctx, cfg, log)
+		err = migrate(ctx, cfg, log)
+	} else {
+		err = daemon(ctx, cfg, log)
 	}
-	return daemon(ctx, cfg, log)
+	if err != nil {
+		return logFailure(log, out, err)
+	}
+	return nil
+}
+
+// logFailure reports why the daemon (run or migrate) stops as its last log
+// entry, with the exit code, so that a log pipeline sees it as a structured
+// line like every other; before the configuration is read, log is nil and
+// the entry is JSON.
+func logFailure(log *zap.Logger, out io.Writer, err error) error {
+	code := 1
+	var exit *exitError
+	if errors.As(err, &exit) {
+		code = exit.code
+	}
+	if log == nil {
+		log, _ = logging.New(logging.Config{Level: "info", Format: "json"}, out)
+	}
+	log.Error("paysvc failed", zap.Error(err), zap.Int("exit_code", code))
+	log.Sync()
+	return &exitError{code: code, err: err, logged: true}
 }
 
 func versionString() string {
@@ -159,20 +189,6 @@ func versionString() string {
 		}
 	}
 	return fmt.Sprintf("paysvc %s%s %s", version, rev, runtime.Version())
-}
-
-func newLogger(cfg *Config, out io.Writer) (*zap.Logger, error) {
-	level, err := zapcore.ParseLevel(cfg.Log.Level)
-	if err != nil {
-		return nil, fmt.Errorf("log.level: %w", err)
-	}
-	ec := zap.NewProductionEncoderConfig()
-	ec.TimeKey, ec.EncodeTime = "ts", zapcore.ISO8601TimeEncoder
-	enc := zapcore.NewJSONEncoder(ec)
-	if cfg.Log.Format == "console" {
-		enc = zapcore.NewConsoleEncoder(ec)
-	}
-	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(out), level)), nil
 }
 
 // migrate creates the database if it is missing, then applies migrations.

@@ -53,6 +53,10 @@ type Config struct {
 
 	Metrics *metrics.Metrics // nil: an unregistered set
 	Events  *trace.Recorder  // nil: outcomes are only logged
+	// FirstLog logs the line of each applied payment (FIRST), which may be
+	// sampled (logging.Sampled); nil: the consumer's logger. Every other
+	// outcome and every error is logged in full.
+	FirstLog *zap.Logger
 }
 
 // Consumer consumes q.pay.success until its context ends.
@@ -82,6 +86,9 @@ func New(cfg Config, orders *order.Store, guard *idem.Guard, log *zap.Logger) *C
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.New()
+	}
+	if cfg.FirstLog == nil {
+		cfg.FirstLog = log
 	}
 	return &Consumer{cfg: cfg, orders: orders, guard: guard, log: log, m: cfg.Metrics}
 }
@@ -290,7 +297,7 @@ func (c *Consumer) session(ctx context.Context) error {
 	// channel puts them back on the queue. A blocked broker may never answer
 	// the close: bound the wait (the deferred conn.Close is bounded too).
 	closeWithin(5*time.Second, func() { ch.Close() })
-	c.log.Debug("session torn down", zap.Duration("took", time.Since(teardown)), zap.NamedError("reason", reason))
+	c.log.Debug("session torn down", zap.Duration("duration", time.Since(teardown)), zap.NamedError("error", reason))
 	return reason
 }
 
@@ -467,6 +474,10 @@ func (c *Consumer) process(ctx context.Context, pub *broker.Publisher, d amqp.De
 		// outcome.
 		fields = append(fields, zap.NamedError("broker_error", brokerErr))
 		c.log.Warn("outcome not acknowledged", fields...)
+		return
+	}
+	if result == "FIRST" {
+		c.cfg.FirstLog.Info("message handled", fields...)
 		return
 	}
 	c.log.Info("message handled", fields...)

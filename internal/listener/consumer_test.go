@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/logging"
 	"github.com/paysvc/paysvc/internal/money"
 	"github.com/paysvc/paysvc/internal/order"
 	"github.com/paysvc/paysvc/internal/testenv"
@@ -655,5 +656,28 @@ func TestOneSlowMessageDoesNotPauseTheOthers(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(e.metrics.RequeuedAlone); got < 3 {
 		t.Fatalf("paysvc_requeued_alone_total %v, want at least 3", got)
+	}
+}
+
+// With FIRST sampled (log.firstPerSecond), applied payments' lines thin
+// out while every other outcome is logged in full.
+func TestSampledFirstKeepsOtherOutcomes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(71, "100.00")
+	var msgs [][]byte
+	for i := range 30 {
+		no := fmt.Sprintf("SMP%02d", i)
+		e.seedOrder(no, 71, "1.00")
+		msgs = append(msgs, body(no, 71, "1.00"))
+	}
+	e.start(e.redisAddr, e.dsn, func(cfg *listener.Config) { cfg.FirstLog = logging.Sampled(e.log, 2, 1000) })
+	e.publish(msgs...)
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.totalFlows() == 30 }, "payments not applied")
+	e.publish(msgs...) // every one again: duplicates
+	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["DUPLICATE"] == 30 }, "duplicates not all logged")
+	if r := e.results(); r["FIRST"] < 1 || r["FIRST"] > 10 {
+		t.Fatalf("%d FIRST lines for 30 payments with 2 a second, want a sample", r["FIRST"])
 	}
 }
