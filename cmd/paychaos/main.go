@@ -167,12 +167,15 @@ func runScenario(ctx context.Context, s scenario, idx int, srv servers, binary, 
 		share = 1
 	}
 	wl := newWorkload(rng, fmt.Sprintf("C%02d", idx), orders, share, copies)
+	if s.shape != nil {
+		s.shape(wl)
+	}
 	r.msgs, r.dups = len(wl.messages), wl.dups
 	if r.err = w.seed(ctx, wl); r.err != nil {
 		return r
 	}
 	if !s.storm {
-		if _, r.err = w.publish(ctx, wl.messages, 2); r.err != nil {
+		if _, r.err = w.publish(ctx, wl.messages, wl.headers, 2); r.err != nil {
 			return r
 		}
 	}
@@ -182,7 +185,7 @@ func runScenario(ctx context.Context, s scenario, idx int, srv servers, binary, 
 	var wg sync.WaitGroup
 	var injectErr error
 	if s.storm {
-		wg.Go(func() { _, injectErr = w.publish(ctx, wl.messages, 3) })
+		wg.Go(func() { _, injectErr = w.publish(ctx, wl.messages, wl.headers, 3) })
 	}
 	wg.Go(func() { lateOrders(ctx, w, wl) })
 	if s.inject != nil {
@@ -200,6 +203,10 @@ func runScenario(ctx context.Context, s scenario, idx int, srv servers, binary, 
 	r.outcomes = w.outcomes()
 	w.db.GetContext(ctx, &r.parked, "SELECT COUNT(*) FROM t_dead_letter")
 	r.invariants = w.check(ctx, wl)
+	if s.verify != nil {
+		ok, detail := s.verify(ctx, w, wl)
+		r.invariants = append(r.invariants, invariant{name: "evidence", ok: ok, detail: detail})
+	}
 	if len(s.crash) > 0 && r.restarts == 0 {
 		r.err = fmt.Errorf("the crash point never fired")
 	}
@@ -258,7 +265,7 @@ func runSoak(ctx context.Context, srv servers, binary, logDir string, seed uint6
 				r.err = fmt.Errorf("batch %d: seed: %w", i, err)
 				return
 			}
-			if _, err := w.publish(ctx, wl.messages, 2); err != nil {
+			if _, err := w.publish(ctx, wl.messages, wl.headers, 2); err != nil {
 				r.err = fmt.Errorf("batch %d: publish: %w", i, err)
 				return
 			}
@@ -302,7 +309,7 @@ func (a *workload) merge(b *workload) {
 
 func report(results []result) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nSCENARIO\tFAULTS INJECTED\tMSGS\tDUP COPIES\tFIRST\tDUPLICATE\tPARKED\tRESTARTS\tone-flow\tbalances\taccounted\tredis-done\tRESULT")
+	fmt.Fprintln(tw, "\nSCENARIO\tFAULTS INJECTED\tMSGS\tDUP COPIES\tFIRST\tDUPLICATE\tPARKED\tRESTARTS\tone-flow\tbalances\taccounted\tredis-done\tevidence\tRESULT")
 	passed, failed := 0, 0
 	var problems []string
 	for _, r := range results {
@@ -313,7 +320,7 @@ func report(results []result) {
 				problems = append(problems, fmt.Sprintf("%s %s: %s", r.name, inv.name, inv.detail))
 			}
 		}
-		for len(cells) < 4 {
+		for len(cells) < 5 {
 			cells = append(cells, "-")
 		}
 		if r.err != nil {

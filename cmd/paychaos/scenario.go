@@ -9,6 +9,7 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/paysvc/paysvc/internal/sandbox"
 )
@@ -21,6 +22,11 @@ type scenario struct {
 	storm     bool     // publish after start, 5 copies of each from 3 publishers
 	dupCopies int
 	inject    func(ctx context.Context, w *world, rng *rand.Rand) (int, error)
+	// shape changes the workload before it is published (more bodies,
+	// headers); verify checks what the scenario itself promises, beyond the
+	// invariants every scenario checks.
+	shape  func(wl *workload)
+	verify func(ctx context.Context, w *world, wl *workload) (bool, string)
 }
 
 func at(ctx context.Context, d time.Duration) bool {
@@ -214,6 +220,57 @@ var scenarios = []scenario{
 			untoxic(w.mysqlProxy, "bw")
 			return 2, nil
 		}},
+	{name: "mysql-lock-held-long", faults: "an operator's transaction holds 5 accounts 8s (8x the lock wait, 5x the handling timeout)",
+		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
+			if !at(ctx, 200*time.Millisecond) {
+				return 0, nil
+			}
+			tx, err := w.db.BeginTxx(ctx, nil)
+			if err != nil {
+				return 0, err
+			}
+			defer tx.Rollback()
+			if _, err := tx.ExecContext(ctx, "SELECT balance FROM t_account WHERE user_id BETWEEN 1 AND 5 FOR UPDATE"); err != nil {
+				return 0, err
+			}
+			at(ctx, 8*time.Second)
+			return 1, nil
+		},
+		verify: func(ctx context.Context, w *world, _ *workload) (bool, string) {
+			n := w.logCount(`"error_class":"lock_wait_timeout"`) + w.logCount(`"error_class":"timeout"`)
+			return n > 0, fmt.Sprintf("%d lock-wait or timeout outcomes logged", n)
+		}},
+	{name: "mysql-blackholed", faults: "MySQL traffic black-holed 4s (no FIN, no reset)",
+		inject: withToxic(nil, "timeout", "upstream", `{"timeout":0}`, 200*time.Millisecond, 4*time.Second),
+		verify: func(ctx context.Context, w *world, _ *workload) (bool, string) {
+			n := w.logCount(`"msg":"dependency unavailable; not consuming"`) + w.logCount(`"result":"REQUEUE"`)
+			return n > 0, fmt.Sprintf("%d pauses or requeues logged", n)
+		}},
+	{name: "oversized-headers", faults: "terminal messages carry a 70 KB header (larger than its column)",
+		shape: func(wl *workload) {
+			wl.headers = map[string]amqp.Table{}
+			for _, b := range wl.poison {
+				wl.headers[string(b)] = amqp.Table{"x-big": strings.Repeat("h", 70000)}
+			}
+		},
+		verify: func(ctx context.Context, w *world, wl *workload) (bool, string) {
+			var cut int
+			err := w.db.GetContext(ctx, &cut, "SELECT COUNT(*) FROM t_dead_letter WHERE error_class = 'bad_message' AND last_error LIKE '%headers cut from%'")
+			return err == nil && cut == len(wl.poison), fmt.Sprintf("%d of %d parked with their headers cut (%v)", cut, len(wl.poison), err)
+		}},
+	{name: "two-bodies-one-order", faults: "a second body (another amount) for every order that goes terminal",
+		shape: func(wl *workload) {
+			for _, no := range wl.terminal {
+				o := wl.orders[no]
+				wl.messages = append(wl.messages, []byte(fmt.Sprintf(`{"orderNo":%q,"userId":%d,"amount":"%s"}`, o.no, o.user, o.amount+1)))
+			}
+		},
+		verify: func(ctx context.Context, w *world, wl *workload) (bool, string) {
+			var both int
+			err := w.db.GetContext(ctx, &both, `SELECT COUNT(*) FROM (SELECT order_no FROM t_dead_letter WHERE user_id = ?
+				GROUP BY order_no HAVING SUM(error_class = 'balance_not_enough') = 1 AND SUM(error_class = 'mismatch') = 1) x`, poorUser)
+			return err == nil && both == len(wl.terminal), fmt.Sprintf("%d of %d orders kept both bodies (%v)", both, len(wl.terminal), err)
+		}},
 	{name: "duplicate-storm", faults: "5 copies of each payment, 3 publishers, while 3 instances consume", storm: true, dupCopies: 4},
 }
 
@@ -228,6 +285,8 @@ func (s scenario) bind(w *world) scenario {
 		s.inject = withToxic(w.redisProxy, "latency", "downstream", `{"latency":300,"jitter":200}`, 100*time.Millisecond, 3*time.Second)
 	case "net-blackhole-broker":
 		s.inject = withToxic(w.amqpProxy, "timeout", "upstream", `{"timeout":0}`, 200*time.Millisecond, 4*time.Second)
+	case "mysql-blackholed":
+		s.inject = withToxic(w.mysqlProxy, "timeout", "upstream", `{"timeout":0}`, 200*time.Millisecond, 4*time.Second)
 	}
 	return s
 }

@@ -21,8 +21,9 @@ type workload struct {
 	late     map[string]order
 	orders   map[string]order
 	poison   [][]byte
-	messages [][]byte // every body to publish, duplicates included
-	dups     int      // duplicate copies among messages
+	messages [][]byte              // every body to publish, duplicates included
+	dups     int                   // duplicate copies among messages
+	headers  map[string]amqp.Table // by body: headers to publish it with
 }
 
 type order struct {
@@ -128,7 +129,7 @@ func (w *world) insertOrder(ctx context.Context, o order) error {
 // reconnecting through broker faults, until each is confirmed (or ctx ends).
 // A body whose confirm was lost may be sent twice: a duplicate, as a real
 // producer's retry would make.
-func (w *world) publish(ctx context.Context, bodies [][]byte, publishers int) (int, error) {
+func (w *world) publish(ctx context.Context, bodies [][]byte, headers map[string]amqp.Table, publishers int) (int, error) {
 	var mu sync.Mutex
 	confirmed := 0
 	var wg sync.WaitGroup
@@ -136,7 +137,7 @@ func (w *world) publish(ctx context.Context, bodies [][]byte, publishers int) (i
 		wg.Go(func() {
 			next := p
 			for next < len(bodies) && ctx.Err() == nil {
-				n, err := w.publishFrom(ctx, bodies, next, publishers)
+				n, err := w.publishFrom(ctx, bodies, headers, next, publishers)
 				mu.Lock()
 				confirmed += n
 				mu.Unlock()
@@ -153,7 +154,7 @@ func (w *world) publish(ctx context.Context, bodies [][]byte, publishers int) (i
 
 // publishFrom publishes bodies[i], bodies[i+step], ... on one connection and
 // returns how many were confirmed (and routed) before an error.
-func (w *world) publishFrom(ctx context.Context, bodies [][]byte, i, step int) (int, error) {
+func (w *world) publishFrom(ctx context.Context, bodies [][]byte, headers map[string]amqp.Table, i, step int) (int, error) {
 	conn, err := amqp.Dial(w.amqpURL)
 	if err != nil {
 		return 0, err
@@ -164,7 +165,8 @@ func (w *world) publishFrom(ctx context.Context, bodies [][]byte, i, step int) (
 	n := 0
 	for ; i < len(bodies); i += step {
 		if err := pub.Publish(ctx, "", listener.MainQueue,
-			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: bodies[i]}); err != nil {
+			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: bodies[i],
+				Headers: headers[string(bodies[i])]}); err != nil {
 			return n, err
 		}
 		n++

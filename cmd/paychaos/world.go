@@ -187,6 +187,7 @@ func (w *world) env() []string {
 		"PAYSVC_IDEMPOTENT_KEYPREFIX=" + w.prefix,
 		"PAYSVC_IDEMPOTENT_LEASE=3s",
 		"PAYSVC_MYSQL_LOCKWAITTIMEOUT=1s",
+		"PAYSVC_MYSQL_IDLETRANSACTIONTIMEOUT=3s",
 		"PAYSVC_RETRY_DELAYS=" + strings.Join(delays, ","),
 		"PAYSVC_RETRY_MAXATTEMPTS=6",
 		"PAYSVC_AMQP_WORKERS=8",
@@ -301,6 +302,24 @@ func (w *world) stopAll(within time.Duration) (clean bool) {
 }
 
 // crashes counts instance starts beyond the first.
+// logCount counts the lines of every instance's log that contain s.
+func (w *world) logCount(s string) int {
+	n := 0
+	w.mu.Lock()
+	paths := make([]string, 0, len(w.instances))
+	for _, in := range w.instances {
+		paths = append(paths, in.logPath)
+	}
+	w.mu.Unlock()
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err == nil {
+			n += strings.Count(string(b), s)
+		}
+	}
+	return n
+}
+
 func (w *world) restarts() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
