@@ -353,3 +353,46 @@ func TestPayReportsCommitUnknown(t *testing.T) {
 		return read(t, db, "CU1", 12) == state{Status: order.Init, Balance: 1000}
 	}, "the uncommitted payment is visible")
 }
+
+// The connection goes dark after the payment's chain ran (its COMMIT is
+// black-holed; the server's socket stays open): Pay says the outcome is
+// unknown, and the server ends the idle transaction after
+// mysql.idleTransactionTimeout, rolling it back and freeing the order and
+// account rows, instead of holding them until wait_timeout (hours).
+func TestPayOnABlackholedConnectionReleasesItsLocks(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	seed(t, db, "BH1", 14, "1.00", "10.00")
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, cfg.Addr)
+	proxy.BlackholeWhen(func(b []byte) bool { return bytes.Contains(b, []byte("\x03COMMIT")) })
+	cfg.Addr = proxy.Addr()
+	dark, err := sqldb.OpenWith(context.Background(), cfg.FormatDSN(), sqldb.Options{MaxOpen: 2, IdleTransaction: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dark.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := order.NewStore(dark).Pay(ctx, pay("BH1", 14, 100)); !errors.Is(err, sqldb.ErrCommitUnknown) {
+		t.Fatalf("Pay = %v, want commit unknown", err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		tx := db.MustBegin()
+		defer tx.Rollback()
+		tx.MustExec("SET SESSION innodb_lock_wait_timeout = 1")
+		var st string
+		return tx.Get(&st, "SELECT status FROM t_order WHERE order_no = 'BH1' FOR UPDATE") == nil && st == "INIT" &&
+			tx.Get(&st, "SELECT balance FROM t_account WHERE user_id = 14 FOR UPDATE") == nil
+	}, "the dark payment's transaction still holds its rows")
+	if got := read(t, db, "BH1", 14); got != (state{Status: order.Init, Balance: 1000}) {
+		t.Fatalf("after the server ended it: %+v, want the payment rolled back", got)
+	}
+	// The payment itself is not lost: run again, it applies once.
+	if err := order.NewStore(db).Pay(context.Background(), pay("BH1", 14, 100)); err != nil {
+		t.Fatal(err)
+	}
+}
