@@ -1,34 +1,32 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/paysvc/paysvc/internal/listener"
-	"github.com/paysvc/paysvc/internal/reconcile"
+	"github.com/paysvc/paysvc/internal/money"
 )
 
 // settled reports whether every expected end state is reached: payable
-// orders PAID, the poor user's orders and the poison parked, queues empty.
-func (w *world) settled(ctx context.Context, wl *workload) (bool, error) {
-	var paid, parkedPoor, parkedPoison int
-	// Payable orders end PAID, or parked with their reason (an order still
-	// missing after every retry, a frozen consumer holding its locks).
-	if err := w.db.GetContext(ctx, &paid, `SELECT COUNT(*) FROM t_order o WHERE o.user_id <> ? AND (o.status = 'PAID'
-		OR EXISTS (SELECT 1 FROM t_dead_letter d WHERE d.order_no = o.order_no AND d.last_error <> ''))`, poorUser); err != nil {
+// orders PAID (or, for a scenario that allows it, a late order parked as
+// order_not_found), the poor user's orders and the poison parked, queues
+// empty.
+func (w *world) settled(ctx context.Context, wl *workload, latePark bool) (bool, error) {
+	st, err := w.state(ctx)
+	if err != nil {
 		return false, err
 	}
-	if err := w.db.GetContext(ctx, &parkedPoor, "SELECT COUNT(*) FROM t_dead_letter WHERE user_id = ? AND status = 'NEW'", poorUser); err != nil {
-		return false, err
-	}
-	if err := w.db.GetContext(ctx, &parkedPoison, "SELECT COUNT(*) FROM t_dead_letter WHERE error_class = 'bad_message'"); err != nil {
-		return false, err
-	}
-	if paid < len(wl.payable) || parkedPoor < len(wl.terminal) || parkedPoison < len(wl.poison) {
+	unpaid, _ := st.unpaid(wl, latePark)
+	if len(unpaid) > 0 || st.poorParked(wl) < len(wl.terminal) || st.poison < len(wl.poison) {
 		return false, nil
 	}
 	depths, err := w.depths()
@@ -41,6 +39,122 @@ func (w *world) settled(ctx context.Context, wl *workload) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// endState is what the database says, read with the suite's own queries
+// (never with paysvc's reconcile code, whose bug would hide itself).
+type endState struct {
+	status   map[string]string          // order → status
+	flows    map[string][]flow          // order → its PAY_DEDUCT flows
+	balance  map[int64]money.Cents      // user → balance
+	opening  map[int64]money.Cents      // user → opening balance
+	flowSum  map[int64]money.Cents      // user → every flow's amount summed
+	parked   map[string]map[string]bool // order → its dead letters' classes
+	poison   int                        // bad_message dead letters
+	noReason int                        // dead letters without class or text
+}
+
+type flow struct {
+	User   int64       `db:"user_id"`
+	Amount money.Cents `db:"amount"`
+	BizNo  string      `db:"biz_no"`
+}
+
+func (w *world) state(ctx context.Context) (*endState, error) {
+	st := &endState{status: map[string]string{}, flows: map[string][]flow{}, balance: map[int64]money.Cents{},
+		opening: map[int64]money.Cents{}, flowSum: map[int64]money.Cents{}, parked: map[string]map[string]bool{}}
+	var orders []struct {
+		No     string `db:"order_no"`
+		Status string `db:"status"`
+	}
+	if err := w.db.SelectContext(ctx, &orders, "SELECT order_no, status FROM t_order"); err != nil {
+		return nil, fmt.Errorf("orders: %w", err)
+	}
+	for _, o := range orders {
+		st.status[o.No] = o.Status
+	}
+	var flows []flow
+	if err := w.db.SelectContext(ctx, &flows, "SELECT user_id, amount, biz_no FROM t_account_flow WHERE type = 'PAY_DEDUCT'"); err != nil {
+		return nil, fmt.Errorf("flows: %w", err)
+	}
+	for _, f := range flows {
+		st.flows[f.BizNo] = append(st.flows[f.BizNo], f)
+	}
+	var sums []struct {
+		User int64       `db:"user_id"`
+		Sum  money.Cents `db:"total"`
+	}
+	if err := w.db.SelectContext(ctx, &sums, "SELECT user_id, SUM(amount) AS total FROM t_account_flow GROUP BY user_id"); err != nil {
+		return nil, fmt.Errorf("flow sums: %w", err)
+	}
+	for _, x := range sums {
+		st.flowSum[x.User] = x.Sum
+	}
+	var accounts []struct {
+		User    int64       `db:"user_id"`
+		Balance money.Cents `db:"balance"`
+	}
+	if err := w.db.SelectContext(ctx, &accounts, "SELECT user_id, balance FROM t_account"); err != nil {
+		return nil, fmt.Errorf("accounts: %w", err)
+	}
+	for _, a := range accounts {
+		st.balance[a.User] = a.Balance
+	}
+	if err := w.db.SelectContext(ctx, &accounts, "SELECT user_id, balance FROM t_account_opening"); err != nil {
+		return nil, fmt.Errorf("openings: %w", err)
+	}
+	for _, a := range accounts {
+		st.opening[a.User] = a.Balance
+	}
+	var dls []struct {
+		OrderNo *string `db:"order_no"`
+		Class   string  `db:"error_class"`
+		Text    string  `db:"last_error"`
+	}
+	if err := w.db.SelectContext(ctx, &dls, "SELECT order_no, error_class, last_error FROM t_dead_letter"); err != nil {
+		return nil, fmt.Errorf("dead letters: %w", err)
+	}
+	for _, d := range dls {
+		if d.Class == "" || d.Text == "" {
+			st.noReason++
+		}
+		if d.Class == "bad_message" {
+			st.poison++
+		}
+		if d.OrderNo != nil {
+			if st.parked[*d.OrderNo] == nil {
+				st.parked[*d.OrderNo] = map[string]bool{}
+			}
+			st.parked[*d.OrderNo][d.Class] = true
+		}
+	}
+	return st, nil
+}
+
+// unpaid lists the payable orders that are not PAID; with latePark, a late
+// order parked as order_not_found is accepted and listed apart.
+func (st *endState) unpaid(wl *workload, latePark bool) (unpaid, lateParked []string) {
+	for _, no := range wl.payable {
+		switch _, late := wl.late[no]; {
+		case st.status[no] == "PAID":
+		case latePark && late && st.parked[no]["order_not_found"]:
+			lateParked = append(lateParked, no)
+		default:
+			unpaid = append(unpaid, no)
+		}
+	}
+	return unpaid, lateParked
+}
+
+// poorParked counts the poor user's orders parked for their balance.
+func (st *endState) poorParked(wl *workload) int {
+	n := 0
+	for _, no := range wl.terminal {
+		if st.parked[no]["balance_not_enough"] {
+			n++
+		}
+	}
+	return n
 }
 
 func (w *world) queues() []string {
@@ -81,88 +195,121 @@ type invariant struct {
 	detail string
 }
 
-// check verifies the money invariants after the instances have stopped.
-func (w *world) check(ctx context.Context, wl *workload) []invariant {
+// check verifies the money invariants after the instances have stopped,
+// from the suite's own reading of the database and its own knowledge of
+// what was published.
+func (w *world) check(ctx context.Context, wl *workload, latePark bool) []invariant {
 	var out []invariant
 	add := func(name string, ok bool, format string, args ...any) {
 		out = append(out, invariant{name: name, ok: ok, detail: fmt.Sprintf(format, args...)})
 	}
-
-	// 1 and 2: one flow per paid order with its amount and user; balances =
-	// opening + flows. Reconcile checks exactly these.
-	rep, err := reconcile.Run(ctx, w.db, reconcile.Options{})
-	flowProblems, balanceProblems := 0, 0
-	var details []string
-	for _, p := range rep.Problems {
-		if p.Kind == reconcile.BalanceMismatch {
-			balanceProblems++
-		} else {
-			flowProblems++
+	st, err := w.state(ctx)
+	if err != nil {
+		for _, name := range []string{"one-flow", "balances", "accounted"} {
+			add(name, false, "reading the end state: %v", err)
 		}
-		details = append(details, p.Kind+" "+p.BizNo+": "+p.Detail)
-	}
-	var negative int
-	w.db.GetContext(ctx, &negative, "SELECT COUNT(*) FROM t_account WHERE balance < 0")
-	add("one-flow", err == nil && flowProblems == 0, "%d flow problems %v %v", flowProblems, details, err)
-	add("balances", err == nil && balanceProblems == 0 && negative == 0, "%d balance problems, %d negative", balanceProblems, negative)
-
-	// 3: every published payment applied, recognised, or parked with a reason;
-	// queues empty, nothing unacked (the instances are stopped, so anything
-	// unacked is back in the queues and counted).
-	paidSet := map[string]bool{}
-	var paid []string
-	err = w.db.SelectContext(ctx, &paid, "SELECT order_no FROM t_order WHERE status = 'PAID'")
-	for _, no := range paid {
-		paidSet[no] = true
-	}
-	// A payable order that is not paid must at least be parked with its
-	// reason (the issue's invariant: applied, a duplicate, or terminal with a
-	// reason); one that is neither is lost.
-	var parked []string
-	w.db.SelectContext(ctx, &parked, "SELECT order_no FROM t_dead_letter WHERE order_no IS NOT NULL AND last_error <> ''")
-	parkedSet := map[string]bool{}
-	for _, no := range parked {
-		parkedSet[no] = true
-	}
-	var unpaid, parkedPayable []string
-	for _, no := range wl.payable {
-		switch {
-		case paidSet[no]:
-		case parkedSet[no]:
-			parkedPayable = append(parkedPayable, no)
-		default:
-			unpaid = append(unpaid, no)
+	} else {
+		// 1: PAID ⇔ exactly one PAY_DEDUCT flow, with the order's user and
+		// amount as published; no flow for an order that is not PAID.
+		var bad []string
+		for no, o := range wl.orders {
+			fs := st.flows[no]
+			switch paid := st.status[no] == "PAID"; {
+			case paid && len(fs) != 1:
+				bad = append(bad, fmt.Sprintf("%s PAID with %d flows", no, len(fs)))
+			case !paid && len(fs) != 0:
+				bad = append(bad, fmt.Sprintf("%s %s with %d flows", no, cmp.Or(st.status[no], "missing"), len(fs)))
+			case paid && (fs[0].User != o.user || fs[0].Amount != -o.amount):
+				bad = append(bad, fmt.Sprintf("%s flow user %d amount %s, order user %d amount %s", no, fs[0].User, fs[0].Amount, o.user, o.amount))
+			}
 		}
+		for no := range st.flows {
+			if _, ok := wl.orders[no]; !ok {
+				bad = append(bad, "flow for an order never published: "+no)
+			}
+		}
+		add("one-flow", len(bad) == 0, "%d problems %v", len(bad), first(bad, 5))
+
+		// 2: every balance = opening − the amounts of its paid orders (the
+		// suite's own sum), = opening + its flows (the database's), ≥ 0.
+		paidSum := map[int64]money.Cents{}
+		for no, o := range wl.orders {
+			if st.status[no] == "PAID" {
+				paidSum[o.user] += o.amount
+			}
+		}
+		var wrong []string
+		for user, open := range st.opening {
+			bal := st.balance[user]
+			if bal != open-paidSum[user] || bal != open+st.flowSum[user] || bal < 0 {
+				wrong = append(wrong, fmt.Sprintf("user %d: balance %s, opening %s, paid %s, flows %s",
+					user, bal, open, paidSum[user], st.flowSum[user]))
+			}
+		}
+		add("balances", len(wrong) == 0, "%d wrong %v", len(wrong), first(wrong, 5))
+
+		// 3: every payable payment PAID (a late order parked as
+		// order_not_found only where the scenario allows it), the poor
+		// user's parked for their balance and never paid, every poison
+		// message parked, every dead letter with a reason; queues empty
+		// with the instances stopped (so nothing was left unacked).
+		unpaid, lateParked := st.unpaid(wl, latePark)
+		var poorPaid []string
+		for _, no := range wl.terminal {
+			if st.status[no] == "PAID" {
+				poorPaid = append(poorPaid, no)
+			}
+		}
+		depths, derr := w.depths()
+		left := 0
+		for _, d := range depths {
+			left += d
+		}
+		add("accounted", derr == nil && len(unpaid) == 0 && len(poorPaid) == 0 && st.poorParked(wl) == len(wl.terminal) &&
+			st.poison == len(wl.poison) && st.noReason == 0 && left == 0,
+			"payable not PAID %v (parked as %v), late parked as allowed %v, poor paid %v, poor parked %d/%d, poison parked %d/%d, no reason %d, queues %v %v",
+			first(unpaid, 5), st.classesOf(first(unpaid, 5)), first(lateParked, 5), poorPaid, st.poorParked(wl), len(wl.terminal),
+			st.poison, len(wl.poison), st.noReason, depths, derr)
 	}
-	var poorParked, poison, noReason int
-	w.db.GetContext(ctx, &poorParked, "SELECT COUNT(DISTINCT order_no) FROM t_dead_letter WHERE user_id = ? AND error_class = 'balance_not_enough'", poorUser)
-	w.db.GetContext(ctx, &poison, "SELECT COUNT(*) FROM t_dead_letter WHERE error_class = 'bad_message'")
-	w.db.GetContext(ctx, &noReason, "SELECT COUNT(*) FROM t_dead_letter WHERE last_error = '' OR error_class = ''")
-	depths, derr := w.depths()
-	left := 0
-	for _, d := range depths {
-		left += d
-	}
-	add("accounted", err == nil && derr == nil && len(unpaid) == 0 && poorParked == len(wl.terminal) &&
-		poison == len(wl.poison) && noReason == 0 && left == 0,
-		"lost (neither paid nor parked) %v, payable but parked %v, poor parked %d/%d, poison parked %d/%d, no reason %d, queues %v %v",
-		first(unpaid, 5), first(parkedPayable, 5), poorParked, len(wl.terminal), poison, len(wl.poison), noReason, depths, derr)
 
 	// 4: a Redis "done" key implies the payment is applied.
 	var doneUnpaid []string
+	var scanErr error
 	iter := w.rdb.Scan(ctx, 0, w.prefix+"*", 1000).Iterator()
 	for iter.Next(ctx) {
 		key := iter.Val()
-		if v, _ := w.rdb.Get(ctx, key).Result(); v != "done" {
+		v, err := w.rdb.Get(ctx, key).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			scanErr = err
+			break
+		}
+		if v != "done" {
 			continue
 		}
-		var st string
-		w.db.GetContext(ctx, &st, "SELECT status FROM t_order WHERE order_no = ?", strings.TrimPrefix(key, w.prefix))
-		if st != "PAID" && st != "SETTLED" {
+		var status string
+		if err := w.db.GetContext(ctx, &status, "SELECT status FROM t_order WHERE order_no = ?", strings.TrimPrefix(key, w.prefix)); err != nil && !errors.Is(err, sql.ErrNoRows) {
+			scanErr = err
+			break
+		}
+		if status != "PAID" && status != "SETTLED" {
 			doneUnpaid = append(doneUnpaid, key)
 		}
 	}
-	add("redis-done", iter.Err() == nil && len(doneUnpaid) == 0, "done keys on unpaid orders: %v %v", first(doneUnpaid, 5), iter.Err())
+	scanErr = cmp.Or(scanErr, iter.Err())
+	add("redis-done", scanErr == nil && len(doneUnpaid) == 0, "done keys on unpaid orders: %v %v", first(doneUnpaid, 5), scanErr)
+	return out
+}
+
+// classesOf lists the dead-letter classes of each order, for a report.
+func (st *endState) classesOf(orders []string) []string {
+	var out []string
+	for _, no := range orders {
+		var cs []string
+		for c := range st.parked[no] {
+			cs = append(cs, c)
+		}
+		out = append(out, no+":"+strings.Join(cs, "+"))
+	}
 	return out
 }
 
@@ -174,11 +321,11 @@ func first(s []string, n int) []string {
 }
 
 // waitSettled polls until settled or the deadline.
-func (w *world) waitSettled(ctx context.Context, wl *workload, within time.Duration) bool {
+func (w *world) waitSettled(ctx context.Context, wl *workload, latePark bool, within time.Duration) bool {
 	deadline := time.Now().Add(within)
 	streak := 0
 	for time.Now().Before(deadline) {
-		ok, _ := w.settled(ctx, wl)
+		ok, _ := w.settled(ctx, wl, latePark)
 		if ok {
 			streak++
 			if streak >= 3 {

@@ -40,6 +40,16 @@ import (
 	"github.com/rs/zerolog"
 )
 
+// Demonstration switches (see the flags).
+var (
+	mutation string
+	noFault  bool
+)
+
+// spread is how long the published load of a scenario is spread over, so
+// that every fault meets work in progress.
+const spread = 4 * time.Second
+
 type result struct {
 	name, faults string
 	injected     int
@@ -73,6 +83,8 @@ func main() {
 	duration := flag.Duration("duration", 10*time.Minute, "soak duration")
 	orders := flag.Int("orders", 240, "orders per scenario")
 	logDir := flag.String("logs", "tmp/chaos", "where instance logs go")
+	flag.StringVar(&mutation, "mutation", "", "PAYSVC_FAULT_MUTATION for every instance: a deliberately broken build, to see the suite fail")
+	flag.BoolVar(&noFault, "no-fault", false, "inject nothing (crash points included): to see the evidence checks fail")
 	flag.Parse()
 	zerolog.SetGlobalLevel(zerolog.Disabled)    // toxiproxy's own logging
 	mysql.SetLogger(log.New(io.Discard, "", 0)) // "closing bad idle connection" after the kills we make
@@ -174,19 +186,30 @@ func runScenario(ctx context.Context, s scenario, idx int, srv servers, binary, 
 	if r.err = w.seed(ctx, wl); r.err != nil {
 		return r
 	}
-	if !s.storm {
-		if _, r.err = w.publish(ctx, wl.messages, wl.headers, 2); r.err != nil {
-			return r
-		}
+	// A quarter waits in the queue at start; the rest comes while the
+	// fault is injected, spread over a few seconds.
+	head := len(wl.messages) / 4
+	if s.storm {
+		head = 0
 	}
-	if r.err = w.startInstances(3, s.crash); r.err != nil {
+	if _, r.err = w.publish(ctx, wl.messages[:head], wl.headers, 2, 0); r.err != nil {
+		return r
+	}
+	crash := s.crash
+	if noFault {
+		crash, s.inject = nil, nil
+	}
+	if r.err = w.startInstances(3, crash); r.err != nil {
 		return r
 	}
 	var wg sync.WaitGroup
 	var injectErr error
+	rest := wl.messages[head:]
+	publishers, pace := 2, 2*spread/time.Duration(len(rest)+1)
 	if s.storm {
-		wg.Go(func() { _, injectErr = w.publish(ctx, wl.messages, wl.headers, 3) })
+		publishers, pace = 3, 0
 	}
+	wg.Go(func() { _, injectErr = w.publish(ctx, rest, wl.headers, publishers, pace) })
 	wg.Go(func() { lateOrders(ctx, w, wl) })
 	if s.inject != nil {
 		r.injected, r.err = s.inject(ctx, w, rng)
@@ -197,18 +220,25 @@ func runScenario(ctx context.Context, s scenario, idx int, srv servers, binary, 
 	if r.err == nil {
 		r.err = injectErr
 	}
-	r.settled = w.waitSettled(ctx, wl, 120*time.Second)
+	r.settled = w.waitSettled(ctx, wl, s.latePark, 120*time.Second)
 	r.restarts = w.restarts()
-	r.clean = w.stopAll(30 * time.Second)
+	allowed := map[string]bool{}
+	if len(crash) > 0 {
+		allowed[syscall.SIGKILL.String()] = true
+	}
+	unexpected := w.unexpectedExits(allowed)
+	r.clean = w.stopAll(drainBound)
 	r.outcomes = w.outcomes()
 	w.db.GetContext(ctx, &r.parked, "SELECT COUNT(*) FROM t_dead_letter")
-	r.invariants = w.check(ctx, wl)
+	r.invariants = w.check(ctx, wl, s.latePark)
+	r.invariants = append(r.invariants, invariant{name: "exits", ok: len(unexpected) == 0,
+		detail: fmt.Sprintf("unexpected exits: %v", unexpected)})
 	if s.verify != nil {
 		ok, detail := s.verify(ctx, w, wl)
 		r.invariants = append(r.invariants, invariant{name: "evidence", ok: ok, detail: detail})
 	}
-	if len(s.crash) > 0 && r.restarts == 0 {
-		r.err = fmt.Errorf("the crash point never fired")
+	if len(crash) > 0 && w.killedExits() == 0 {
+		r.err = fmt.Errorf("the crash point never fired (no instance died of SIGKILL)")
 	}
 	return r
 }
@@ -265,7 +295,7 @@ func runSoak(ctx context.Context, srv servers, binary, logDir string, seed uint6
 				r.err = fmt.Errorf("batch %d: seed: %w", i, err)
 				return
 			}
-			if _, err := w.publish(ctx, wl.messages, wl.headers, 2); err != nil {
+			if _, err := w.publish(ctx, wl.messages, wl.headers, 2, 0); err != nil {
 				r.err = fmt.Errorf("batch %d: publish: %w", i, err)
 				return
 			}
@@ -289,12 +319,15 @@ func runSoak(ctx context.Context, srv servers, binary, logDir string, seed uint6
 		}
 	})
 	wg.Wait()
-	r.settled = w.waitSettled(ctx, all, 180*time.Second)
+	r.settled = w.waitSettled(ctx, all, false, 180*time.Second)
 	r.restarts = w.restarts()
-	r.clean = w.stopAll(30 * time.Second)
+	unexpected := w.unexpectedExits(map[string]bool{syscall.SIGKILL.String(): true})
+	r.clean = w.stopAll(drainBound)
 	r.outcomes = w.outcomes()
 	w.db.GetContext(ctx, &r.parked, "SELECT COUNT(*) FROM t_dead_letter")
-	r.invariants = w.check(ctx, all)
+	r.invariants = w.check(ctx, all, false)
+	r.invariants = append(r.invariants, invariant{name: "exits", ok: len(unexpected) == 0,
+		detail: fmt.Sprintf("unexpected exits: %v", unexpected)})
 	return r
 }
 
@@ -305,11 +338,14 @@ func (a *workload) merge(b *workload) {
 	for k, v := range b.orders {
 		a.orders[k] = v
 	}
+	for k, v := range b.late {
+		a.late[k] = v
+	}
 }
 
 func report(results []result) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nSCENARIO\tFAULTS INJECTED\tMSGS\tDUP COPIES\tFIRST\tDUPLICATE\tPARKED\tRESTARTS\tone-flow\tbalances\taccounted\tredis-done\tevidence\tRESULT")
+	fmt.Fprintln(tw, "\nSCENARIO\tFAULTS INJECTED\tMSGS\tDUP COPIES\tFIRST\tDUPLICATE\tPARKED\tRESTARTS\tone-flow\tbalances\taccounted\tredis-done\texits\tevidence\tRESULT")
 	passed, failed := 0, 0
 	var problems []string
 	for _, r := range results {
@@ -320,7 +356,7 @@ func report(results []result) {
 				problems = append(problems, fmt.Sprintf("%s %s: %s", r.name, inv.name, inv.detail))
 			}
 		}
-		for len(cells) < 5 {
+		for len(cells) < 6 {
 			cells = append(cells, "-")
 		}
 		if r.err != nil {

@@ -27,6 +27,10 @@ type scenario struct {
 	// invariants every scenario checks.
 	shape  func(wl *workload)
 	verify func(ctx context.Context, w *world, wl *workload) (bool, string)
+	// latePark accepts a late order (created after its payment) parked as
+	// order_not_found instead of PAID: only a scenario whose fault can
+	// outlast a late order's whole retry budget says so.
+	latePark bool
 }
 
 func at(ctx context.Context, d time.Duration) bool {
@@ -84,7 +88,9 @@ func killMySQLConnections(ctx context.Context, w *world) error {
 		return err
 	}
 	for _, id := range ids {
-		w.admin.ExecContext(ctx, "KILL CONNECTION ?", id) // it may be gone already
+		if _, err := w.admin.ExecContext(ctx, "KILL CONNECTION ?", id); err == nil { // it may be gone already
+			w.hit(1)
+		}
 	}
 	return nil
 }
@@ -109,13 +115,16 @@ func lockContention(ctx context.Context, w *world) error {
 }
 
 var scenarios = []scenario{
-	{name: "baseline", faults: "none"},
+	{name: "baseline", faults: "none", verify: calm},
 	{name: "kill9-after-claim", faults: "SIGKILL after the Redis claim (20th message)",
-		crash: []string{"PAYSVC_FAULT_POINT=after_claim", "PAYSVC_FAULT_AFTER=20"}},
+		crash:  []string{"PAYSVC_FAULT_POINT=after_claim", "PAYSVC_FAULT_AFTER=20"},
+		verify: all(killed, atLeast(1, "redeliveries handled (the killed instance's messages in hand)", redelivered))},
 	{name: "kill9-mid-transaction", faults: "SIGKILL inside the payment transaction",
-		crash: []string{"PAYSVC_FAULT_POINT=mid_transaction", "PAYSVC_FAULT_AFTER=20"}},
+		crash:  []string{"PAYSVC_FAULT_POINT=mid_transaction", "PAYSVC_FAULT_AFTER=20"},
+		verify: all(killed, atLeast(1, "redeliveries handled (the killed instance's messages in hand)", redelivered))},
 	{name: "kill9-after-commit", faults: "SIGKILL after commit, before ack",
-		crash: []string{"PAYSVC_FAULT_POINT=after_commit", "PAYSVC_FAULT_AFTER=20"}},
+		crash:  []string{"PAYSVC_FAULT_POINT=after_commit", "PAYSVC_FAULT_AFTER=20"},
+		verify: all(killed, atLeast(1, "redelivered copies found already paid", func(e entry) bool { return redelivered(e) && e.str("result") == "DUPLICATE" }))},
 	{name: "sigstop-sigcont", faults: "SIGSTOP an instance 5s (longer than its lease), SIGCONT",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
 			if !at(ctx, 200*time.Millisecond) {
@@ -123,9 +132,11 @@ var scenarios = []scenario{
 			}
 			w.signal(1, syscall.SIGSTOP)
 			at(ctx, 5*time.Second)
+			w.resumedAt = time.Now()
 			w.signal(1, syscall.SIGCONT)
 			return 1, nil
-		}},
+		},
+		verify: handledAfterResume},
 	{name: "sigterm-under-load", faults: "SIGTERM two instances under load (restarted)",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
 			if !at(ctx, 200*time.Millisecond) {
@@ -135,11 +146,13 @@ var scenarios = []scenario{
 			at(ctx, 300*time.Millisecond)
 			w.signal(2, syscall.SIGTERM)
 			return 2, nil
-		}},
+		},
+		verify: cleanTerms(2)},
 	{name: "broker-connections-closed", faults: "rabbitmqctl close_all_connections, 3 times",
 		inject: repeat(3, 400*time.Millisecond, func(ctx context.Context, w *world) error {
 			return sandbox.RabbitmqCtl("close_all_connections", "-p", w.vhost, "chaos")
-		})},
+		}),
+		verify: atLeast(1, "consumer reconnects", msg("amqp session ended; reconnecting"))},
 	{name: "broker-restart", faults: "rabbitmqctl stop_app, start_app",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
 			if !at(ctx, 200*time.Millisecond) {
@@ -153,7 +166,8 @@ var scenarios = []scenario{
 				return 1, err
 			}
 			return 1, sandbox.RabbitmqCtl("await_startup")
-		}},
+		},
+		verify: atLeast(1, "consumer reconnects", msg("amqp session ended; reconnecting"))},
 	{name: "redis-unreachable", faults: "Redis proxy down 3s (CLOSED: pause)",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
 			if !at(ctx, 200*time.Millisecond) {
@@ -162,19 +176,28 @@ var scenarios = []scenario{
 			w.redisProxy.Stop()
 			at(ctx, 3*time.Second)
 			return 1, w.redisProxy.Start()
-		}},
+		},
+		verify: atLeast(1, "pauses", either(msg("consumption paused; waiting for the dependency"), msg("dependency unavailable; not consuming")))},
 	{name: "redis-flushed", faults: "every paysvc key deleted, 3 times",
-		inject: repeat(3, 300*time.Millisecond, func(ctx context.Context, w *world) error { w.deleteKeys(); return nil })},
+		inject: repeat(3, time.Second, func(ctx context.Context, w *world) error { w.deleteKeys(); return nil }),
+		verify: atLeast(1, "duplicates the database caught after Redis forgot them",
+			msg("redis and database disagree: key was new, the database had the payment"))},
 	{name: "redis-clients-killed", faults: "CLIENT KILL TYPE normal, 3 times",
 		inject: repeat(3, 300*time.Millisecond, func(ctx context.Context, w *world) error {
-			return w.rdb.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err()
-		})},
+			n, err := w.rdb.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Int()
+			w.hit(n)
+			return err
+		}),
+		verify: injected(1, "Redis clients of paysvc killed")},
 	{name: "redis-slow", faults: "Redis replies 300±200ms late for 3s",
-		inject: withToxic(nil, "latency", "downstream", `{"latency":300,"jitter":200}`, 100*time.Millisecond, 3*time.Second)},
+		inject: withToxic(nil, "latency", "downstream", `{"latency":300,"jitter":200}`, 100*time.Millisecond, 3*time.Second),
+		verify: atLeast(1, "messages handled in 100ms or more", slower(100*time.Millisecond))},
 	{name: "mysql-connections-killed", faults: "KILL CONNECTION of every paysvc connection, 4 times",
-		inject: repeat(4, 300*time.Millisecond, killMySQLConnections)},
+		inject: repeat(4, 300*time.Millisecond, killMySQLConnections),
+		verify: injected(1, "MySQL connections of paysvc killed")},
 	{name: "mysql-locks-deadlocks", faults: "competing transactions: lock wait timeouts and deadlocks, 3 times",
-		inject: repeat(3, 100*time.Millisecond, lockContention)},
+		inject: repeat(3, 100*time.Millisecond, lockContention),
+		verify: atLeast(1, "lock-wait, deadlock or timeout outcomes", either(class("lock_wait_timeout"), class("deadlock"), class("timeout")))},
 	{name: "mysql-commit-unknown", faults: "connection cut right after COMMIT, 6 times",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
 			w.commitCut.arm(6)
@@ -182,8 +205,10 @@ var scenarios = []scenario{
 			w.commitCut.mu.Lock()
 			defer w.commitCut.mu.Unlock()
 			w.commitCut.armed = 0
+			w.hit(w.commitCut.cuts)
 			return w.commitCut.cuts, nil
-		}},
+		},
+		verify: all(injected(1, "COMMITs cut"), dupAfterUnknown)},
 	{name: "net-latency", faults: "50±30ms on every server for 3s",
 		inject: func(ctx context.Context, w *world, rng *rand.Rand) (int, error) {
 			for _, p := range w.proxies() {
@@ -196,9 +221,11 @@ var scenarios = []scenario{
 				untoxic(p, "lat")
 			}
 			return 3, nil
-		}},
+		},
+		verify: atLeast(1, "messages handled in 60ms or more", slower(60*time.Millisecond))},
 	{name: "net-blackhole-broker", faults: "broker traffic black-holed 4s",
-		inject: withToxic(nil, "timeout", "upstream", `{"timeout":0}`, 200*time.Millisecond, 4*time.Second)},
+		inject: withToxic(nil, "timeout", "upstream", `{"timeout":0}`, 200*time.Millisecond, 4*time.Second),
+		verify: atLeast(1, "messages handled in 2s or more, or reconnects", either(slower(2*time.Second), msg("amqp session ended; reconnecting")))},
 	{name: "net-reset-mysql", faults: "MySQL connections reset (reset_peer), 3 times",
 		inject: repeat(3, 400*time.Millisecond, func(ctx context.Context, w *world) error {
 			if err := toxic(w.mysqlProxy, "reset", "reset_peer", "upstream", `{"timeout":0}`); err != nil {
@@ -207,6 +234,10 @@ var scenarios = []scenario{
 			at(ctx, 100*time.Millisecond)
 			untoxic(w.mysqlProxy, "reset")
 			return nil
+		}),
+		verify: atLeast(1, "MySQL connection losses seen", func(e entry) bool {
+			return e.str("lib") == "go-sql-driver/mysql" || e.str("error_class") == "mysql_unavailable" ||
+				e.str("msg") == "dependency unavailable; not consuming"
 		})},
 	{name: "net-bandwidth", faults: "broker and MySQL limited to 20 KB/s for 3s",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
@@ -219,7 +250,8 @@ var scenarios = []scenario{
 			untoxic(w.amqpProxy, "bw")
 			untoxic(w.mysqlProxy, "bw")
 			return 2, nil
-		}},
+		},
+		verify: atLeast(1, "messages handled in 200ms or more", slower(200*time.Millisecond))},
 	{name: "mysql-lock-held-long", faults: "an operator's transaction holds 5 accounts 8s (8x the lock wait, 5x the handling timeout)",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
 			if !at(ctx, 200*time.Millisecond) {
@@ -271,7 +303,8 @@ var scenarios = []scenario{
 				GROUP BY order_no HAVING SUM(error_class = 'balance_not_enough') = 1 AND SUM(error_class = 'mismatch') = 1) x`, poorUser)
 			return err == nil && both == len(wl.terminal), fmt.Sprintf("%d of %d orders kept both bodies (%v)", both, len(wl.terminal), err)
 		}},
-	{name: "duplicate-storm", faults: "5 copies of each payment, 3 publishers, while 3 instances consume", storm: true, dupCopies: 4},
+	{name: "duplicate-storm", faults: "5 copies of each payment, 3 publishers, while 3 instances consume", storm: true, dupCopies: 4,
+		verify: atLeast(500, "duplicates acked", handled("DUPLICATE"))},
 }
 
 func (w *world) proxies() []*toxiproxy.Proxy {

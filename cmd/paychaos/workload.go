@@ -126,10 +126,11 @@ func (w *world) insertOrder(ctx context.Context, o order) error {
 }
 
 // publish sends bodies with publisher confirms from `publishers` goroutines,
-// reconnecting through broker faults, until each is confirmed (or ctx ends).
+// reconnecting through broker faults, until each is confirmed (or ctx ends);
+// each publisher waits pace between two messages.
 // A body whose confirm was lost may be sent twice: a duplicate, as a real
 // producer's retry would make.
-func (w *world) publish(ctx context.Context, bodies [][]byte, headers map[string]amqp.Table, publishers int) (int, error) {
+func (w *world) publish(ctx context.Context, bodies [][]byte, headers map[string]amqp.Table, publishers int, pace time.Duration) (int, error) {
 	var mu sync.Mutex
 	confirmed := 0
 	var wg sync.WaitGroup
@@ -137,7 +138,7 @@ func (w *world) publish(ctx context.Context, bodies [][]byte, headers map[string
 		wg.Go(func() {
 			next := p
 			for next < len(bodies) && ctx.Err() == nil {
-				n, err := w.publishFrom(ctx, bodies, headers, next, publishers)
+				n, err := w.publishFrom(ctx, bodies, headers, next, publishers, pace)
 				mu.Lock()
 				confirmed += n
 				mu.Unlock()
@@ -154,7 +155,7 @@ func (w *world) publish(ctx context.Context, bodies [][]byte, headers map[string
 
 // publishFrom publishes bodies[i], bodies[i+step], ... on one connection and
 // returns how many were confirmed (and routed) before an error.
-func (w *world) publishFrom(ctx context.Context, bodies [][]byte, headers map[string]amqp.Table, i, step int) (int, error) {
+func (w *world) publishFrom(ctx context.Context, bodies [][]byte, headers map[string]amqp.Table, i, step int, pace time.Duration) (int, error) {
 	conn, err := amqp.Dial(w.amqpURL)
 	if err != nil {
 		return 0, err
@@ -170,6 +171,9 @@ func (w *world) publishFrom(ctx context.Context, bodies [][]byte, headers map[st
 			return n, err
 		}
 		n++
+		if pace > 0 && !at(ctx, pace) {
+			return n, ctx.Err()
+		}
 	}
 	return n, nil
 }

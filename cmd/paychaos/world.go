@@ -58,8 +58,11 @@ type world struct {
 	commitCut              *commitCutter
 	mu                     sync.Mutex // guards instances, stopping, and each instance's process
 	instances              []*instance
+	exits                  []exit // every exit before stopAll, in order
 	stopping               bool
-	seeded                 bool // accounts exist
+	hits                   int       // how often a fault hit paysvc, as the scenario counts it
+	resumedAt              time.Time // SIGCONT of a stopped instance
+	seeded                 bool      // accounts exist
 }
 
 func randHex(n int) string {
@@ -169,6 +172,7 @@ type instance struct {
 	done    chan struct{}
 	starts  int
 	logPath string
+	termAt  time.Time // when it was last sent SIGTERM (by a scenario)
 }
 
 func (w *world) env() []string {
@@ -195,6 +199,7 @@ func (w *world) env() []string {
 		"PAYSVC_AMQP_DRAINTIMEOUT=10s",
 		"PAYSVC_HTTP_ADDR=",
 		"PAYSVC_METRICS_QUEUEINTERVAL=1s",
+		"PAYSVC_FAULT_MUTATION=" + mutation,
 	}
 }
 
@@ -235,12 +240,13 @@ func (w *world) start(in *instance) error {
 		env = append(append([]string{}, env...), in.oneShot...)
 	}
 	cmd := exec.Command(w.binary, "run")
+	name := in.name
 	cmd.Env, cmd.Stdout, cmd.Stderr, cmd.Dir = env, logf, logf, w.dir
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return err
 	}
-	in.cmd, in.done, in.starts = cmd, make(chan struct{}), in.starts+1
+	in.cmd, in.done, in.starts, in.termAt = cmd, make(chan struct{}), in.starts+1, time.Time{}
 	done := in.done
 	go func() {
 		cmd.Wait()
@@ -248,6 +254,9 @@ func (w *world) start(in *instance) error {
 		close(done)
 		w.mu.Lock()
 		restart := !w.stopping
+		if restart {
+			w.exits = append(w.exits, exitOf(name, cmd.ProcessState, in.termAt))
+		}
 		w.mu.Unlock()
 		if restart {
 			time.Sleep(300 * time.Millisecond)
@@ -266,8 +275,63 @@ func (w *world) signal(i int, sig syscall.Signal) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if i < len(w.instances) && w.instances[i].cmd != nil && w.instances[i].cmd.Process != nil {
+		if sig == syscall.SIGTERM {
+			w.instances[i].termAt = time.Now()
+		}
 		w.instances[i].cmd.Process.Signal(sig)
 	}
+}
+
+// exit is how an instance ended before the suite stopped it.
+type exit struct {
+	name  string
+	code  int    // -1 when killed by a signal
+	sig   string // the signal that killed it, if one did
+	drain time.Duration
+	term  bool // it had been sent SIGTERM
+}
+
+func (e exit) String() string {
+	if e.sig != "" {
+		return fmt.Sprintf("%s killed by %s", e.name, e.sig)
+	}
+	if e.term {
+		return fmt.Sprintf("%s exited %d %s after SIGTERM", e.name, e.code, e.drain.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("%s exited %d", e.name, e.code)
+}
+
+func exitOf(name string, ps *os.ProcessState, termAt time.Time) exit {
+	e := exit{name: name, code: ps.ExitCode()}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		e.sig = ws.Signal().String()
+	}
+	if !termAt.IsZero() {
+		e.term, e.drain = true, time.Since(termAt)
+	}
+	return e
+}
+
+// drainBound is how long a SIGTERMed instance may take to exit: its
+// amqp.drainTimeout (10s) plus the bounded teardown waits.
+const drainBound = 20 * time.Second
+
+// unexpectedExits lists the exits a scenario did not intend: any, unless it
+// crashes instances on purpose (allowed signals) or SIGTERMs them (those
+// must exit 0 within drainBound).
+func (w *world) unexpectedExits(allowSignals map[string]bool) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var bad []string
+	for _, e := range w.exits {
+		switch {
+		case e.sig != "" && allowSignals[e.sig]:
+		case e.term && e.sig == "" && e.code == 0 && e.drain <= drainBound:
+		default:
+			bad = append(bad, e.String())
+		}
+	}
+	return bad
 }
 
 // stopAll sends SIGTERM (SIGCONT first, for a stopped one) and waits.
@@ -301,7 +365,6 @@ func (w *world) stopAll(within time.Duration) (clean bool) {
 	return clean
 }
 
-// crashes counts instance starts beyond the first.
 // logCount counts the lines of every instance's log that contain s.
 func (w *world) logCount(s string) int {
 	n := 0
@@ -320,6 +383,27 @@ func (w *world) logCount(s string) int {
 	return n
 }
 
+// hit records n hits of the scenario's fault.
+func (w *world) hit(n int) {
+	w.mu.Lock()
+	w.hits += n
+	w.mu.Unlock()
+}
+
+// killedExits counts the exits by SIGKILL (a crash point fired).
+func (w *world) killedExits() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, e := range w.exits {
+		if e.sig == syscall.SIGKILL.String() {
+			n++
+		}
+	}
+	return n
+}
+
+// restarts counts instance starts beyond the first.
 func (w *world) restarts() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -4,7 +4,8 @@
 // (tag faultinject, never shipped) kills the process with SIGKILL when it
 // reaches the point named by PAYSVC_FAULT_POINT, on the Nth time
 // (PAYSVC_FAULT_AFTER, default 1); with PAYSVC_FAULT_ACTION=panic it panics
-// there instead.
+// there instead. PAYSVC_FAULT_MUTATION names a guarantee to break on purpose
+// (Mutated), so that the suite can show it fails on a broken build.
 package fault
 
 import (
@@ -16,23 +17,35 @@ import (
 )
 
 var (
-	once   sync.Once
-	target string
-	action string
-	after  int64
-	hits   atomic.Int64
+	once     sync.Once
+	target   string
+	action   string
+	mutation string
+	after    int64
+	hits     atomic.Int64
 )
 
-// Point kills the process if name is the configured crash point.
-func Point(name string) {
+func load() {
 	once.Do(func() {
 		target = os.Getenv("PAYSVC_FAULT_POINT")
 		action = os.Getenv("PAYSVC_FAULT_ACTION")
+		mutation = os.Getenv("PAYSVC_FAULT_MUTATION")
 		after = 1
 		if n, err := strconv.ParseInt(os.Getenv("PAYSVC_FAULT_AFTER"), 10, 64); err == nil && n > 0 {
 			after = n
 		}
 	})
+}
+
+// Mutated reports whether PAYSVC_FAULT_MUTATION names name.
+func Mutated(name string) bool {
+	load()
+	return mutation == name
+}
+
+// Point kills the process if name is the configured crash point.
+func Point(name string) {
+	load()
 	if name == target && hits.Add(1) == after {
 		if action == "panic" {
 			panic("fault injected at " + name)

@@ -160,6 +160,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		wait := bo.Next()
 		var pause *pauseError
 		if errors.As(err, &pause) {
+			if fault.Mutated("exit_on_pause") {
+				os.Exit(3) // a deliberately broken build: crashes on an outage
+			}
 			c.m.Pauses.WithLabelValues(string(pause.class)).Inc()
 			// A dependency can answer its probe and still fail the real work
 			// (a read-only failover, a full Redis): back off either way.
@@ -386,6 +389,9 @@ func (c *Consumer) process(ctx context.Context, pub *broker.Publisher, d amqp.De
 		result, brokerErr = ok, d.Ack(false)
 	}
 	kind := out.kind
+	if fault.Mutated("park_unavailable") && kind == Unavailable {
+		kind = Terminal // a deliberately broken build: outages dead-letter payable payments
+	}
 	if kind == Unavailable && out.class != ClassMySQLError && c.dependenciesUp(ctx) {
 		// Every dependency answers: only this message failed (a statement
 		// that timed out, a COMMIT whose reply was lost). It goes back alone
@@ -597,6 +603,8 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 		if kind == Duplicate {
 			// Redis let the message through as new; the database had it.
 			c.m.Disagreements.WithLabelValues("redis_new_db_applied").Inc()
+			c.log.Info("redis and database disagree: key was new, the database had the payment",
+				zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key))
 		}
 		if err := c.guard.Done(bg, p.OrderNo); err != nil {
 			c.log.Warn("could not mark the key done; its lease will expire and the database stays the guard",

@@ -51,9 +51,39 @@ type Options struct {
 // ReverseSuffix makes the biz_no of a reversal: <orig>-REVERSE.
 const ReverseSuffix = "-REVERSE"
 
-// Run checks everything and, with Fix, reverses duplicate flows.
+// fixLock is the MySQL named lock a fixing run holds: two runs at once
+// (cron and an operator, two replicas' schedules) must not both find a
+// duplicate unreversed and book two reversals. The unique key on
+// (biz_no, type) refuses the second one too, but a legacy table that
+// predates it (the very case reconcile fixes) has none.
+const fixLock = "paysvc.reconcile.fix"
+
+// fixLockWait bounds the wait for another fixing run to finish.
+const fixLockWait = 60 * time.Second
+
+// ErrFixRunning: another fixing run held the lock for fixLockWait.
+var ErrFixRunning = errors.New("reconcile: another run with --fix holds the lock " + fixLock)
+
+// Run checks everything and, with Fix, reverses duplicate flows. A fixing
+// run holds a named lock for its whole duration, so concurrent fixing runs
+// take turns and the second finds the first one's reversals.
 func Run(ctx context.Context, db *sqlx.DB, o Options) (Report, error) {
 	var r Report
+	if o.Fix {
+		conn, err := db.Connx(ctx)
+		if err != nil {
+			return r, fmt.Errorf("reconcile: %w", err)
+		}
+		defer conn.Close()
+		var got int
+		if err := conn.GetContext(ctx, &got, "SELECT COALESCE(GET_LOCK(?, ?), 0)", fixLock, int(fixLockWait/time.Second)); err != nil {
+			return r, fmt.Errorf("reconcile: lock: %w", err)
+		}
+		if got != 1 {
+			return r, ErrFixRunning
+		}
+		defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", fixLock)
+	}
 	if err := duplicates(ctx, db, o, &r); err != nil {
 		return r, err
 	}

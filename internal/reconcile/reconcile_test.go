@@ -2,6 +2,8 @@ package reconcile_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/paysvc/paysvc/internal/money"
@@ -93,5 +95,41 @@ func TestReconcileBalanceMismatch(t *testing.T) {
 	}
 	if len(rep.Problems) != 1 || rep.Problems[0].Kind != reconcile.BalanceMismatch {
 		t.Fatalf("report %+v, want one balance mismatch (95.00 vs 97.00)", rep.Problems)
+	}
+}
+
+// Two fixing runs at once (cron and an operator) on a legacy table with no
+// unique key: each duplicate gets one reversal, not two.
+func TestConcurrentFixesBookOneReversalEach(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	ctx := context.Background()
+	db.MustExec("ALTER TABLE t_account_flow DROP INDEX uk_biz_no_type")
+	const groups = 40
+	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 1000.00)")
+	for i := range groups {
+		no := fmt.Sprintf("CF%02d", i)
+		db.MustExec("INSERT INTO t_order (order_no, user_id, amount, status) VALUES (?, 1, 1.00, 'PAID')", no)
+		db.MustExec("INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES (1, -1.00, ?, 'PAY_DEDUCT'), (1, -1.00, ?, 'PAY_DEDUCT')", no, no)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = reconcile.Run(ctx, db, reconcile.Options{Fix: true}) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var reversals, most int
+	db.Get(&reversals, "SELECT COUNT(*) FROM t_account_flow WHERE type = 'REVERSE_DEDUCT'")
+	db.Get(&most, "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM t_account_flow WHERE type = 'REVERSE_DEDUCT' GROUP BY biz_no) x")
+	var bal money.Cents
+	db.Get(&bal, "SELECT balance FROM t_account WHERE user_id = 1")
+	if reversals != groups || most != 1 || bal != 100000+groups*100 {
+		t.Fatalf("%d reversals (at most %d for one order), balance %s; want %d, 1, %s", reversals, most, bal,
+			groups, money.Cents(100000+groups*100))
 	}
 }
