@@ -11,6 +11,7 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/sandbox"
 )
 
@@ -239,19 +240,27 @@ var scenarios = []scenario{
 			return e.str("lib") == "go-sql-driver/mysql" || e.str("error_class") == "mysql_unavailable" ||
 				e.str("msg") == "dependency unavailable; not consuming"
 		})},
-	{name: "net-bandwidth", faults: "broker and MySQL limited to 20 KB/s for 3s",
+	{name: "net-bandwidth", faults: "broker and MySQL limited to 1 KB/s for 3s",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
+			if !at(ctx, 200*time.Millisecond) {
+				return 0, nil
+			}
 			for _, p := range []*toxiproxy.Proxy{w.amqpProxy, w.mysqlProxy} {
-				if err := toxic(p, "bw", "bandwidth", "downstream", `{"rate":20}`); err != nil {
+				if err := toxic(p, "bw", "bandwidth", "downstream", `{"rate":1}`); err != nil {
 					return 0, err
 				}
 			}
-			at(ctx, 3*time.Second)
+			// Deliveries trickle: messages back up in the main queue.
+			at(ctx, 2500*time.Millisecond)
+			if depths, err := w.depths(); err == nil {
+				w.hit(depths[listener.MainQueue])
+			}
+			at(ctx, 500*time.Millisecond)
 			untoxic(w.amqpProxy, "bw")
 			untoxic(w.mysqlProxy, "bw")
 			return 2, nil
 		},
-		verify: atLeast(1, "messages handled in 200ms or more", slower(200*time.Millisecond))},
+		verify: injected(10, "messages backed up in q.pay.success under the throttle")},
 	{name: "mysql-lock-held-long", faults: "an operator's transaction holds 5 accounts 8s (8x the lock wait, 5x the handling timeout)",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
 			if !at(ctx, 200*time.Millisecond) {

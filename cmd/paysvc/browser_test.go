@@ -113,6 +113,40 @@ func TestAdminPageReplayInBrowser(t *testing.T) {
 		AND reason = 'balance topped up by support'`) != 1 {
 		t.Fatal("no audit row for the browser replay")
 	}
+	if w.count("SELECT COUNT(*) FROM t_account_flow WHERE biz_no = 'WEB1'") != 1 ||
+		w.count("SELECT COUNT(*) FROM t_account WHERE user_id = 51 AND balance = 12.50") != 1 {
+		t.Fatal("the replay did not take 7.50 exactly once")
+	}
+
+	// Discard, in the same browser: a malformed message is parked, the
+	// operator discards it with a reason, and the audit trail says who.
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, []byte(`{"orderNo":"WEB2","userId":51}`))
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_dead_letter WHERE order_no = 'WEB2' AND status = 'NEW'") == 1
+	}, "the malformed message was not parked")
+	var discardMsg, discardStatus string
+	err = chromedp.Run(ctx,
+		chromedp.Navigate(base+"/dlq?order=WEB2"),
+		chromedp.WaitVisible(`tr[data-order="WEB2"]`, chromedp.ByQuery),
+		chromedp.Click(`tr[data-order="WEB2"] a`, chromedp.ByQuery),
+		chromedp.WaitVisible("#discard", chromedp.ByID),
+		chromedp.SendKeys(`form[action$="/discard"] input[name="operator"]`, "carol", chromedp.ByQuery),
+		chromedp.SendKeys("#discard-reason", "malformed by the producer", chromedp.ByID),
+		chromedp.Click("#discard", chromedp.ByID),
+		chromedp.WaitVisible("#msg", chromedp.ByID),
+		chromedp.Text("#msg", &discardMsg, chromedp.ByID),
+		chromedp.Text("#status", &discardStatus, chromedp.ByID),
+	)
+	if err != nil {
+		t.Fatalf("browser discard: %v", err)
+	}
+	if discardMsg != "discarded" || discardStatus != "DISCARDED" {
+		t.Fatalf("after the discard click: msg %q, status %q", discardMsg, discardStatus)
+	}
+	if w.count(`SELECT COUNT(*) FROM t_dead_letter_event e JOIN t_dead_letter d ON d.id = e.dead_letter_id
+		WHERE d.order_no = 'WEB2' AND e.event = 'DISCARDED' AND e.operator = 'carol' AND e.reason = 'malformed by the producer'`) != 1 {
+		t.Fatal("no audit row for the browser discard")
+	}
 }
 
 // Without the token every page refuses, and a forged cross-site form post is

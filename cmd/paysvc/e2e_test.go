@@ -156,6 +156,19 @@ func (p *proc) results() map[string]int {
 	return n
 }
 
+// unackedBy returns how many messages the process p holds unacknowledged
+// now, from the broker's view (its consumer tag carries its pid).
+func (w *world) unackedBy(p *proc) int {
+	w.t.Helper()
+	n := 0
+	for tag, unacked := range testenv.Unacked(w.t, w.amqpURL) {
+		if strings.Contains(tag, fmt.Sprintf("-%d-", p.cmd.Process.Pid)) {
+			n += unacked
+		}
+	}
+	return n
+}
+
 func (w *world) count(query string, args ...any) int {
 	w.t.Helper()
 	var n int
@@ -225,7 +238,7 @@ func TestKillAnywhereLosesNothingChargesOnce(t *testing.T) {
 func TestSIGTERMUnderLoadLosesAndDoublesNothing(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	const users, orders = 10, 300
+	const users, orders = 10, 1000
 	for u := 1; u <= users; u++ {
 		w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (?, 1000.00)", u)
 	}
@@ -242,10 +255,15 @@ func TestSIGTERMUnderLoadLosesAndDoublesNothing(t *testing.T) {
 	testenvDeclare(t, w.amqpURL)
 	testenv.Publish(t, w.amqpURL, listener.MainQueue, msgs...)
 
-	first := w.start(w.env(), "run")
+	// One worker paying alone: slow enough that the backlog outlasts the
+	// checks below.
+	first := w.start(w.env("PAYSVC_AMQP_WORKERS=1", "PAYSVC_MYSQL_GROUPSIZE=1"), "run")
 	testenv.Eventually(t, 60*time.Second, func() bool {
 		return w.count("SELECT COUNT(*) FROM t_account_flow") >= 30
 	}, "no progress")
+	// Work in flight at the signal: the process holds unacked messages.
+	testenv.Eventually(t, 10*time.Second, func() bool { return w.unackedBy(first) > 0 },
+		"the first process held no unacked message: the SIGTERM would drain nothing")
 	first.cmd.Process.Signal(syscall.SIGTERM)
 	if err := first.wait(t, 30*time.Second); err != nil {
 		t.Fatalf("SIGTERM exit: %v", err)
@@ -284,7 +302,7 @@ func TestSIGTERMUnderLoadLosesAndDoublesNothing(t *testing.T) {
 	if n := w.count("SELECT COUNT(*) FROM (SELECT biz_no FROM t_account_flow GROUP BY biz_no HAVING COUNT(*) > 1) d"); n != 0 {
 		t.Fatalf("%d orders charged twice", n)
 	}
-	if n := w.count("SELECT COUNT(*) FROM t_account WHERE balance <> 1000.00 - 1.25 * 30"); n != 0 {
+	if n := w.count("SELECT COUNT(*) FROM t_account WHERE balance <> 1000.00 - 1.25 * ?", orders/users); n != 0 {
 		t.Fatalf("%d balances wrong", n)
 	}
 	total := first.results()["FIRST"] + second.results()["FIRST"]

@@ -20,6 +20,7 @@ import (
 
 	"github.com/paysvc/paysvc/internal/deadletter"
 	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/money"
 	"github.com/paysvc/paysvc/internal/outbox"
 	"github.com/paysvc/paysvc/internal/testenv"
 )
@@ -388,6 +389,26 @@ func TestSeveralDeadLettersForOneOrder(t *testing.T) {
 	}, "the replayed payment was not applied")
 	if n := w.count("SELECT COUNT(*) FROM t_account_flow WHERE biz_no = '424242'"); n != 1 {
 		t.Fatalf("%d flows for the order, want 1", n)
+	}
+	if n := w.count("SELECT COUNT(*) FROM t_account WHERE user_id = 23 AND balance = 5.00"); n != 1 {
+		t.Fatal("the replayed payment did not take exactly 5.00")
+	}
+	// The same payment parked again (a late copy) and replayed although the
+	// order is PAID: a duplicate, no second flow, the balance untouched.
+	store := deadletter.NewStore(w.db)
+	user, amt := int64(23), money.Cents(500)
+	if _, _, err := store.Park(context.Background(), deadletter.Parked{OrderNo: "424242", UserID: &user, Amount: &amt,
+		Body: payment("424242", 23, "5.00"), Headers: "{}", ErrorClass: "timeout", LastError: "a late copy",
+		FirstFailedAt: time.Now(), LastFailedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	w.mustCLI("dlq", "replay", "--id", balanceID, "--reason", "replayed twice by mistake")
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_payment_event WHERE order_no = '424242' AND event = 'DUPLICATE'") == 1
+	}, "the replay of a paid order was not acked as a duplicate")
+	if w.count("SELECT COUNT(*) FROM t_account_flow WHERE biz_no = '424242'") != 1 ||
+		w.count("SELECT COUNT(*) FROM t_account WHERE user_id = 23 AND balance = 5.00") != 1 {
+		t.Fatal("replaying a dead letter of a paid order moved money")
 	}
 
 	// The admin page shows the other dead letter of the order.

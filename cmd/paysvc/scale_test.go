@@ -21,7 +21,7 @@ import (
 func TestThreeInstancesCompetingConsumers(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	const users, orders = 5, 300
+	const users, orders = 5, 1000
 	for u := 1; u <= users; u++ {
 		w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (?, 1000.00)", u)
 	}
@@ -35,11 +35,17 @@ func TestThreeInstancesCompetingConsumers(t *testing.T) {
 	testenv.Publish(t, w.amqpURL, listener.MainQueue, msgs...)
 	var procs []*proc
 	for range 3 {
-		procs = append(procs, w.start(w.env(), "run"))
+		// Two workers paying alone each: slow enough that the victim still
+		// holds unacked messages when it is killed.
+		procs = append(procs, w.start(w.env("PAYSVC_AMQP_WORKERS=2", "PAYSVC_MYSQL_GROUPSIZE=1"), "run"))
 	}
 	testenv.Eventually(t, 60*time.Second, func() bool {
 		return w.count("SELECT COUNT(*) FROM t_account_flow") >= 60
 	}, "no progress")
+	// The victim holds unacked messages when it dies: the broker must give
+	// them to the others.
+	testenv.Eventually(t, 10*time.Second, func() bool { return w.unackedBy(procs[0]) > 0 },
+		"the instance to kill held no unacked message: the kill would prove nothing")
 	procs[0].cmd.Process.Signal(syscall.SIGKILL)
 	// Paid, and every copy settled: duplicates that met an in-flight claim
 	// wait in the wait queues before they are acked as duplicates.

@@ -59,6 +59,11 @@ func TestRedisTLS(t *testing.T) {
 		return w.count("SELECT COUNT(*) FROM t_order WHERE order_no = 'TLS1' AND status = 'PAID'") == 1
 	}, "payment not applied over TLS Redis")
 
+	plain := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+	defer plain.Close()
+	if err := plain.Ping(context.Background()).Err(); err == nil {
+		t.Fatal("the TLS Redis answered a plaintext PING: the test proves nothing")
+	}
 	tc, err := tlsca.Config(filepath.Join(ca, "ca.pem"))
 	if err != nil {
 		t.Fatal(err)
@@ -179,6 +184,10 @@ func TestAMQPTLS(t *testing.T) {
 
 	url := "amqps://guest:guest@" + addr + "/"
 	caFile := filepath.Join(ca, "ca.pem")
+	if c, err := amqp.DialConfig("amqp://guest:guest@"+addr+"/", amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)}); err == nil {
+		c.Close()
+		t.Fatal("the TLS-only node took a plaintext AMQP connection: the test proves nothing")
+	}
 	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (83, 10.00)")
 	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('ATLS1', 83, 1.00)")
 	w.daemonInProcess("PAYSVC_AMQP_URL="+url, "PAYSVC_AMQP_CAFILE="+caFile)

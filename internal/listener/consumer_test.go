@@ -1,6 +1,7 @@
 package listener_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
@@ -209,7 +211,7 @@ func TestBadInputGoesTerminalAtOnce(t *testing.T) {
 		if cls := d.Headers[listener.HeaderErrorClass]; cls != want[string(d.Body)] {
 			t.Errorf("body %.60q: class %v, want %s", d.Body, cls, want[string(d.Body)])
 		}
-		if d.Headers[listener.HeaderRetryCount] != int32(0) || d.Headers[listener.HeaderLastError] == "" {
+		if text, ok := d.Headers[listener.HeaderLastError].(string); d.Headers[listener.HeaderRetryCount] != int32(0) || !ok || text == "" {
 			t.Errorf("body %.60q: headers %v", d.Body, d.Headers)
 		}
 	}
@@ -679,5 +681,54 @@ func TestSampledFirstKeepsOtherOutcomes(t *testing.T) {
 	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["DUPLICATE"] == 30 }, "duplicates not all logged")
 	if r := e.results(); r["FIRST"] < 1 || r["FIRST"] > 10 {
 		t.Fatalf("%d FIRST lines for 30 payments with 2 a second, want a sample", r["FIRST"])
+	}
+}
+
+// COMMIT reaches the server and commits, and its reply is lost: the message
+// goes back to the main queue alone without spending an attempt, the others
+// flow, and the redelivery is acked as a DUPLICATE; one flow.
+func TestCommitUnknownIsRequeuedAloneThenDuplicate(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(81, "10.00")
+	e.seedOrder("CUK1", 81, "1.00")
+	cfg, err := mysql.ParseDSN(e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, cfg.Addr)
+	var once atomic.Bool
+	proxy.BlackholeAfter(func(b []byte) bool {
+		return bytes.Contains(b, []byte("\x03COMMIT")) && once.CompareAndSwap(false, true)
+	})
+	cfg.Addr = proxy.Addr()
+	e.start(e.redisAddr, cfg.FormatDSN(), func(c *listener.Config) { c.HandleTimeout = 2 * time.Second })
+	e.publish(body("CUK1", 81, "1.00"))
+	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["DUPLICATE"] == 1 }, "the redelivery was not a duplicate")
+	var requeued, dup map[string]any
+	for _, entry := range e.logs.FilterMessage("message handled").All() {
+		m := entry.ContextMap()
+		switch m["result"] {
+		case "REQUEUE":
+			requeued = m
+		case "DUPLICATE":
+			dup = m
+		}
+	}
+	if requeued == nil || requeued["error_class"] != "commit_unknown" || requeued["attempt"] != int64(0) {
+		t.Fatalf("first outcome %v: want REQUEUE, commit_unknown, no attempt spent", requeued)
+	}
+	if dup["attempt"] != int64(0) {
+		t.Fatalf("the duplicate's copy spent an attempt: %v", dup)
+	}
+	if r := e.results(); r["FIRST"] != 0 || r["RETRY"] != 0 || r["TERMINAL"] != 0 {
+		t.Fatalf("outcomes %v", r)
+	}
+	if e.flows("CUK1") != 1 || e.balance(81) != 900 || e.status("CUK1") != order.Paid {
+		t.Fatalf("flows %d, balance %s, status %s: want one payment", e.flows("CUK1"), e.balance(81), e.status("CUK1"))
+	}
+	if len(e.logs.FilterMessage("consumption paused; waiting for the dependency").All()) > 0 {
+		t.Fatal("the consumer paused for one lost COMMIT reply")
 	}
 }

@@ -38,7 +38,8 @@ func New(cfg Config, out io.Writer) (*zap.Logger, error) {
 	if cfg.Format == "console" {
 		enc = zapcore.NewConsoleEncoder(ec)
 	}
-	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(out), level)), nil
+	// Lock: the daemon's goroutines and the client libraries' log at once.
+	return zap.New(zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(out)), level)), nil
 }
 
 // Sampled returns log keeping, each second, the first perSecond entries of

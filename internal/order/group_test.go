@@ -323,6 +323,9 @@ func TestGrouperUnderLoad(t *testing.T) {
 	if flows != orders {
 		t.Errorf("%d flows, want %d", flows, orders)
 	}
+	if grouped == 0 {
+		t.Fatal("no group held more than one payment: the test did not exercise grouping")
+	}
 	t.Logf("%d groups of more than one payment", grouped)
 }
 

@@ -76,17 +76,26 @@ func (d *Database) Close() {
 // RabbitmqCtl runs rabbitmqctl (through sudo -n when not root: Debian's runs
 // only as root or rabbitmq).
 func RabbitmqCtl(args ...string) error {
+	_, err := RabbitmqCtlOutput(args...)
+	return err
+}
+
+// RabbitmqCtlOutput runs rabbitmqctl -q and returns what it printed.
+func RabbitmqCtlOutput(args ...string) (string, error) {
 	argv := append([]string{"rabbitmqctl", "-q"}, args...)
 	if os.Geteuid() != 0 {
 		argv = append([]string{"sudo", "-n"}, argv...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return fmt.Errorf("rabbitmqctl %s: %v: %s", strings.Join(args, " "), err, out)
+		return "", fmt.Errorf("rabbitmqctl %s: %v: %s%s", strings.Join(args, " "), err, out, stderr.String())
 	}
-	return nil
+	return string(out), nil
 }
 
 // NewVhost creates vhost with every permission for user and returns baseURL

@@ -2,11 +2,14 @@ package testenv
 
 import (
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/paysvc/paysvc/internal/sandbox"
 )
 
 func dial(t testing.TB, url string) (*amqp.Connection, *amqp.Channel) {
@@ -139,4 +142,38 @@ func Nacked(t testing.TB, amqpURL, queue string, body []byte, within time.Durati
 		time.Sleep(50 * time.Millisecond)
 	}
 	return false
+}
+
+// Unacked returns, for each consumer of the URL's vhost, the messages it
+// holds unacknowledged, by consumer tag (rabbitmqctl list_consumers and
+// list_channels): a test can show a process held work when it was killed.
+func Unacked(t testing.TB, amqpURL string) map[string]int {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vhost := strings.TrimPrefix(u.Path, "/")
+	consumers, err := sandbox.RabbitmqCtlOutput("list_consumers", "-p", vhost, "channel_pid", "consumer_tag")
+	if err != nil {
+		t.Fatal(err)
+	}
+	channels, err := sandbox.RabbitmqCtlOutput("list_channels", "-p", vhost, "pid", "messages_unacknowledged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unacked := map[string]int{}
+	for _, line := range strings.Split(channels, "\n") {
+		if f := strings.Fields(line); len(f) == 2 {
+			n, _ := strconv.Atoi(f[1])
+			unacked[f[0]] = n
+		}
+	}
+	out := map[string]int{}
+	for _, line := range strings.Split(consumers, "\n") {
+		if f := strings.Fields(line); len(f) == 2 {
+			out[f[1]] = unacked[f[0]]
+		}
+	}
+	return out
 }

@@ -19,6 +19,7 @@ type Proxy struct {
 	ln    net.Listener
 	conns map[net.Conn]struct{}
 	hole  func(toServer []byte) bool
+	after bool // forward the matching chunk before the black hole
 }
 
 // BlackholeWhen makes the proxy black-hole a connection as soon as a chunk
@@ -29,7 +30,15 @@ type Proxy struct {
 func (p *Proxy) BlackholeWhen(match func(toServer []byte) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.hole = match
+	p.hole, p.after = match, false
+}
+
+// BlackholeAfter is BlackholeWhen, except that the matching chunk still
+// reaches the server: a request that is carried out, whose reply is lost.
+func (p *Proxy) BlackholeAfter(match func(toServer []byte) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hole, p.after = match, true
 }
 
 // NewProxy listens on a free loopback port and forwards to target.
@@ -136,15 +145,17 @@ func (p *Proxy) copy(dst, src net.Conn, holed *atomic.Bool, fromClient bool) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 && !holed.Load() {
+			forward := true
 			if fromClient {
 				p.mu.Lock()
-				hole := p.hole
+				hole, after := p.hole, p.after
 				p.mu.Unlock()
 				if hole != nil && hole(buf[:n]) {
 					holed.Store(true)
+					forward = after
 				}
 			}
-			if !holed.Load() {
+			if forward {
 				if _, werr := dst.Write(buf[:n]); werr != nil {
 					return
 				}
