@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/viper"
 
+	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/tlsca"
 )
@@ -85,7 +86,7 @@ var defaults = []struct {
 	{"amqp.prefetch", 64},
 	{"amqp.workers", 32},
 	{"amqp.drainTimeout", "30s"},
-	{"amqp.queueType", "classic"},
+	{"amqp.queueType", "quorum"},
 	{"amqp.deliveryLimit", 20},
 	{"amqp.caFile", ""},
 	{"mysql.dsn", "root@tcp(127.0.0.1:3306)/paysvc"},
@@ -242,8 +243,14 @@ func (c *Config) validate() []error {
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{key}, args...)...))
 	}
-	if u, err := url.Parse(c.AMQP.URL); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
-		bad("amqp.url", "want amqp://[user:password@]host:port/vhost or amqps://...")
+	urls := broker.URLs(c.AMQP.URL)
+	if len(urls) == 0 {
+		bad("amqp.url", "must not be empty")
+	}
+	for i, raw := range urls {
+		if u, err := url.Parse(raw); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
+			bad("amqp.url", "URL %d of %d: want amqp://[user:password@]host:port/vhost or amqps://..., comma-separated for several nodes", i+1, len(urls))
+		}
 	}
 	if c.AMQP.Prefetch < 1 || c.AMQP.Prefetch > 65535 {
 		bad("amqp.prefetch", "want 1 to 65535, got %d", c.AMQP.Prefetch)
@@ -468,10 +475,16 @@ func (d *decoder) durations(key string) []time.Duration {
 
 // redacted returns the configuration as log fields, without secrets.
 func (c *Config) redacted() map[string]any {
-	amqpURL := c.AMQP.URL
-	if u, err := url.Parse(amqpURL); err == nil {
-		amqpURL = u.Redacted()
+	var shown []string
+	for _, raw := range broker.URLs(c.AMQP.URL) {
+		if u, err := url.Parse(raw); err == nil {
+			raw = u.Redacted()
+		} else {
+			raw = "(invalid)"
+		}
+		shown = append(shown, raw)
 	}
+	amqpURL := strings.Join(shown, ",")
 	dsn := "(invalid)"
 	if cfg, err := mysql.ParseDSN(c.MySQL.DSN); err == nil {
 		if cfg.Passwd != "" {

@@ -112,7 +112,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, TLS: amqpTLS, Name: name, Interval: 500 * time.Millisecond, Batch: 100, Log: log}
 	wg.Go(func() { dispatcher.Run(helpers) })
 	monitor := &listener.Monitor{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Delays: cfg.Retry.Delays, Store: deadLetters,
-		DB: db, Metrics: m, Interval: cfg.Metrics.QueueInterval, Log: log}
+		DB: db, Metrics: m, Interval: cfg.Metrics.QueueInterval, Log: log, Consumer: consumer}
 	wg.Go(func() { monitor.Run(helpers) })
 	if cfg.Reconcile.Interval > 0 {
 		wg.Go(func() { scheduledReconcile(helpers, cfg, db, m, log) })

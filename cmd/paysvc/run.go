@@ -148,6 +148,7 @@ func run(ctx context.Context, args, env []string, out io.Writer) error {
 	}
 	defer log.Sync()
 	logging.RouteLibraries(log)
+	defer logging.Unroute(log)
 	log.Info("paysvc starting", zap.String("command", cmd.name), zap.String("version", version),
 		zap.Any("config", cfg.redacted()))
 	if cmd.name == "migrate" {

@@ -77,7 +77,7 @@ func TestRedisTLS(t *testing.T) {
 
 	// A CA that did not sign the server: paysvc refuses and waits.
 	other := testenv.CA(t)
-	var out strings.Builder
+	var out lockedBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	err = run(ctx, []string{"run"}, w.env("PAYSVC_REDIS_ADDR="+addr, "PAYSVC_REDIS_TLS=true",
@@ -100,7 +100,7 @@ func TestMySQLTLS(t *testing.T) {
 	dsn := "root@tcp(" + addr + ")/paysvc_tls"
 	caFile := filepath.Join(ca, "ca.pem")
 	tlsEnv := []string{"PAYSVC_MYSQL_DSN=" + dsn, "PAYSVC_MYSQL_CAFILE=" + caFile}
-	var out strings.Builder
+	var out lockedBuffer
 	if err := run(context.Background(), []string{"migrate"}, tlsEnv, &out); err != nil {
 		t.Fatalf("migrate over TLS: %v\n%s", err, out.String())
 	}

@@ -3,32 +3,68 @@ package broker
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Dial connects with paysvc's connection settings. tlsCfg (may be nil: the
-// system roots) is used for amqps:// URLs.
-func Dial(url, name string, tlsCfg *tls.Config) (*amqp.Connection, error) {
+// URLs splits amqp.url: one URL, or several (the nodes of a cluster),
+// comma-separated. A comma inside a password must be written %2C.
+func URLs(list string) []string {
+	var out []string
+	for _, u := range strings.Split(list, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// next spreads dials over the nodes: each dial starts one node further, so
+// that a dead node is left behind and connections spread over a cluster.
+var next atomic.Uint64
+
+// Dial connects with paysvc's connection settings to the first node of urls
+// (a comma-separated list, see URLs) that answers, trying each once,
+// starting one further than the previous dial. tlsCfg (may be nil: the
+// system roots) is used for amqps:// URLs. The connection's RemoteAddr says
+// which node it reached.
+func Dial(urls, name string, tlsCfg *tls.Config) (*amqp.Connection, error) {
+	list := URLs(urls)
+	if len(list) == 0 {
+		return nil, errors.New("amqp dial: no URL")
+	}
+	start := int(next.Add(1) % uint64(len(list)))
+	var errs []error
+	for i := range list {
+		conn, err := dialOne(list[(start+i)%len(list)], name, tlsCfg)
+		if err == nil {
+			return conn, nil
+		}
+		errs = append(errs, err)
+	}
+	// amqp091's errors never carry the URL, so no password leaks here.
+	return nil, fmt.Errorf("amqp dial: %w", errors.Join(errs...))
+}
+
+func dialOne(url, name string, tlsCfg *tls.Config) (*amqp.Connection, error) {
 	if tlsCfg != nil {
 		// amqp091 writes ServerName into the config it is given: every dial
 		// gets its own copy, or concurrent dials race.
 		tlsCfg = tlsCfg.Clone()
 	}
-	conn, err := amqp.DialConfig(url, amqp.Config{
+	return amqp.DialConfig(url, amqp.Config{
 		Heartbeat:       10 * time.Second,
 		Locale:          "en_US",
 		Properties:      amqp.Table{"connection_name": name},
 		TLSClientConfig: tlsCfg,
+		Dial:            amqp.DefaultDial(5 * time.Second),
 	})
-	if err != nil {
-		// amqp091's errors never carry the URL, so no password leaks here.
-		return nil, fmt.Errorf("amqp dial: %w", err)
-	}
-	return conn, nil
 }
 
 // DialingPublisher is a Publisher that owns its connection: it dials on

@@ -69,7 +69,11 @@ type Consumer struct {
 
 	payer *order.Grouper // made by Run
 	ready atomic.Bool
-	probe struct { // the last dependency probe (dependenciesUp)
+	// paused counts the workers holding a message through an outage.
+	paused atomic.Int32
+	// lastEnqueued (unix nanos) is LastEnqueued.
+	lastEnqueued atomic.Int64
+	probe        struct { // the last dependency probe (dependenciesUp)
 		sync.Mutex
 		at time.Time
 		up bool
@@ -93,22 +97,32 @@ func New(cfg Config, orders *order.Store, guard *idem.Guard, log *zap.Logger) *C
 	return &Consumer{cfg: cfg, orders: orders, guard: guard, log: log, m: cfg.Metrics}
 }
 
-// Ready reports whether the consumer is consuming.
-func (c *Consumer) Ready() bool { return c.ready.Load() }
+// LastEnqueued is when the message this consumer received last was
+// published (its AMQP timestamp), or, without one, when it arrived; zero
+// before the first.
+func (c *Consumer) LastEnqueued() time.Time {
+	if n := c.lastEnqueued.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// Ready reports whether the consumer is consuming: a session is up and no
+// worker is holding a message through an outage.
+func (c *Consumer) Ready() bool { return c.ready.Load() && c.paused.Load() == 0 }
 
 func (c *Consumer) setReady(ok bool) {
 	c.ready.Store(ok)
-	if ok {
+	c.updateReady()
+}
+
+func (c *Consumer) updateReady() {
+	if c.Ready() {
 		c.m.Ready.Set(1)
 	} else {
 		c.m.Ready.Set(0)
 	}
 }
-
-// pauseError ends a session because a dependency is down.
-type pauseError struct{ class Class }
-
-func (e *pauseError) Error() string { return "paused: " + string(e.class) }
 
 // refused reports a broker answer that reconnecting cannot change: a
 // topology that does not match (406), or access refused (403, 530).
@@ -158,21 +172,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 			bo.Reset()
 		}
 		wait := bo.Next()
-		var pause *pauseError
-		if errors.As(err, &pause) {
-			if fault.Mutated("exit_on_pause") {
-				os.Exit(3) // a deliberately broken build: crashes on an outage
-			}
-			c.m.Pauses.WithLabelValues(string(pause.class)).Inc()
-			// A dependency can answer its probe and still fail the real work
-			// (a read-only failover, a full Redis): back off either way.
-			c.log.Warn("consumption paused; waiting for the dependency", zap.String("error_class", string(pause.class)),
-				zap.Duration("backoff", wait))
-			if !broker.Sleep(ctx, wait) {
-				return nil
-			}
-			continue
-		}
 		c.log.Error("amqp session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
 		if !broker.Sleep(ctx, wait) {
 			return nil
@@ -249,9 +248,12 @@ func (c *Consumer) session(ctx context.Context) error {
 	}
 
 	// Workers finish what they started even when ctx is cancelled, until the
-	// drain timeout cancels procCtx.
+	// drain timeout cancels procCtx. A worker holding a message through an
+	// outage lets go of it when the session ends (sessCtx).
 	procCtx, stopProc := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopProc()
+	sessCtx, endSession := context.WithCancel(ctx)
+	defer endSession()
 	work := make(chan amqp.Delivery)
 	pause := make(chan error, 1)
 	var wg sync.WaitGroup
@@ -260,7 +262,7 @@ func (c *Consumer) session(ctx context.Context) error {
 			pub := broker.NewPublisher(conn, c.cfg.PublishTimeout)
 			defer pub.Close()
 			for d := range work {
-				c.process(procCtx, pub, d, pause)
+				c.process(procCtx, sessCtx, pub, d, pause)
 			}
 		})
 	}
@@ -269,6 +271,7 @@ func (c *Consumer) session(ctx context.Context) error {
 		zap.Int("prefetch", c.cfg.Prefetch), zap.Int("workers", c.cfg.Workers))
 
 	reason := dispatch(ctx, deliveries, work, pause, connClosed, chClosed)
+	endSession()
 	c.setReady(false)
 
 	// Stop intake first, so the broker sends nothing more (a dead channel
@@ -368,10 +371,31 @@ type outcome struct {
 }
 
 // process handles one delivery and tells the broker. It is the only place
-// that acks.
-func (c *Consumer) process(ctx context.Context, pub *broker.Publisher, d amqp.Delivery, pause chan<- error) {
+// that acks. While a dependency is down it holds the delivery and handles it
+// again once the dependency answers: returned to the broker, it would count
+// as a failed delivery on a quorum queue. It lets go of it (nack, requeue)
+// only when sess ends: shutdown or a lost broker session.
+func (c *Consumer) process(ctx, sess context.Context, pub *broker.Publisher, d amqp.Delivery, pause chan<- error) {
 	start := time.Now()
-	out := c.handle(ctx, d)
+	if d.Timestamp.IsZero() {
+		c.lastEnqueued.Store(start.UnixNano())
+	} else {
+		c.lastEnqueued.Store(d.Timestamp.UnixNano())
+	}
+	var out outcome
+	held := broker.Backoff{Max: c.cfg.MaxBackoff}
+	letGo := false // held through an outage until the session ended
+	for {
+		out = c.handle(ctx, d)
+		if out.kind != Unavailable || fault.Mutated("park_unavailable") ||
+			(out.class != ClassMySQLError && c.dependenciesUp(ctx)) {
+			break
+		}
+		if !c.hold(sess, &held, out.class) {
+			letGo = true
+			break
+		}
+	}
 	count := retryCount(d.Headers)
 	var result string
 	var brokerErr error
@@ -392,7 +416,7 @@ func (c *Consumer) process(ctx context.Context, pub *broker.Publisher, d amqp.De
 	if fault.Mutated("park_unavailable") && kind == Unavailable {
 		kind = Terminal // a deliberately broken build: outages dead-letter payable payments
 	}
-	if kind == Unavailable && out.class != ClassMySQLError && c.dependenciesUp(ctx) {
+	if kind == Unavailable && !letGo {
 		// Every dependency answers: only this message failed (a statement
 		// that timed out, a COMMIT whose reply was lost). It goes back alone
 		// while the others flow; past maxRequeuesAlone it spends an attempt.
@@ -437,10 +461,9 @@ func (c *Consumer) process(ctx context.Context, pub *broker.Publisher, d amqp.De
 			count = n
 		}
 	case Unavailable:
-		// A dependency is down: the message waits in the broker, spending no
-		// attempt, and the session pauses until the dependency answers.
+		// Held through an outage until the session ended: back to the queue,
+		// spending no attempt.
 		result, brokerErr = "REQUEUE", d.Nack(false, true)
-		signal(pause, &pauseError{out.class})
 	}
 	fields := []zap.Field{
 		zap.String("order_no", out.orderNo),
@@ -487,6 +510,41 @@ func (c *Consumer) process(ctx context.Context, pub *broker.Publisher, d amqp.De
 		return
 	}
 	c.log.Info("message handled", fields...)
+}
+
+// hold keeps a worker (and its delivery) waiting while a dependency is
+// down: consumption is paused (readiness off, logged once per pause) until
+// a probe passes. It waits with backoff (bo, kept by the caller across
+// attempts on the same message: a dependency can answer its probe and
+// still fail the real work, a read-only failover or a schema problem). It
+// returns false when sess ends first.
+func (c *Consumer) hold(sess context.Context, bo *broker.Backoff, class Class) bool {
+	if c.paused.Add(1) == 1 {
+		if fault.Mutated("exit_on_pause") {
+			os.Exit(3) // a deliberately broken build: crashes on an outage
+		}
+		c.m.Pauses.WithLabelValues(string(class)).Inc()
+		c.m.Paused.Set(1)
+		c.log.Warn("consumption paused; waiting for the dependency", zap.String("error_class", string(class)))
+	}
+	c.updateReady()
+	defer func() {
+		if c.paused.Add(-1) == 0 {
+			c.m.Paused.Set(0)
+			c.log.Info("consumption resumed")
+		}
+		c.updateReady()
+	}()
+	for {
+		if !broker.Sleep(sess, bo.Next()) {
+			return false
+		}
+		if err := c.probeDependencies(sess); err == nil {
+			return true
+		} else if sess.Err() != nil {
+			return false
+		}
+	}
 }
 
 // dependenciesUp probes MySQL, and Redis under CLOSED, as a session start

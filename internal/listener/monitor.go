@@ -2,9 +2,7 @@ package listener
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -17,15 +15,17 @@ import (
 	"github.com/paysvc/paysvc/internal/metrics"
 )
 
-// Monitor samples queue depths (passive declares: no management plugin), the
-// age of the oldest message in the main and terminal queues, dead letters
-// and the outbox, into metrics.
+// Monitor samples queue depths (passive declares: no management plugin),
+// the age of the oldest message in the main and terminal queues, dead
+// letters and the outbox, into metrics. It never reads a queue: on a quorum
+// queue every basic.get that puts the message back counts as a failed
+// delivery toward its limit.
 //
-// The oldest age comes from peeking at the head message (basic.get, then
-// nack with requeue, which puts it back in place): its timestamp property,
-// else its x-last-failed-at header, else how long the same message has been
-// seen at the head. Quorum wait queues are not peeked: their TTL bounds
-// their age.
+// The main queue's age, when it holds messages, is the age of the message
+// the consumer received last (its AMQP timestamp, else when it arrived):
+// the messages still waiting came after it, so the oldest of them has
+// waited about that long; when the consumer is paused it keeps growing.
+// The terminal queue's is the oldest NEW dead letter's first failure.
 type Monitor struct {
 	URL      string
 	Name     string
@@ -36,14 +36,11 @@ type Monitor struct {
 	Metrics  *metrics.Metrics
 	Interval time.Duration
 	Log      *zap.Logger
+	// Consumer tells when the newest delivered message was enqueued; nil:
+	// the main queue's age is not reported.
+	Consumer interface{ LastEnqueued() time.Time }
 
 	conn *amqp.Connection
-	head map[string]seenHead
-}
-
-type seenHead struct {
-	key   string
-	since time.Time
 }
 
 // Run samples every Interval until ctx ends.
@@ -72,9 +69,6 @@ func (m *Monitor) close() {
 
 // Poll takes one sample.
 func (m *Monitor) Poll(ctx context.Context) error {
-	if m.head == nil {
-		m.head = map[string]seenHead{}
-	}
 	now := time.Now()
 	newCount, oldestNew, err := m.Store.Stats(ctx)
 	if err != nil {
@@ -94,64 +88,45 @@ func (m *Monitor) Poll(ctx context.Context) error {
 		}
 		m.conn = conn
 	}
-	queues := []string{MainQueue, TerminalQueue}
+	queues := []string{MainQueue, TerminalQueue, OverflowQueue}
 	for _, d := range m.Delays {
 		queues = append(queues, WaitQueue(d))
 	}
+	depths := map[string]int{}
 	for _, q := range queues {
-		depth, age, err := m.sample(q, q == MainQueue || q == TerminalQueue, now)
+		depth, err := m.depth(q)
 		if err != nil {
 			return err
 		}
+		depths[q] = depth
 		m.Metrics.QueueMessages.WithLabelValues(q).Set(float64(depth))
-		if q == TerminalQueue {
-			if !oldestNew.IsZero() {
-				age = max(age, now.Sub(oldestNew))
-			}
-			m.Metrics.TerminalPending.Set(float64(depth + newCount))
-		}
-		if q == MainQueue || q == TerminalQueue {
-			m.Metrics.QueueOldestAge.WithLabelValues(q).Set(age.Seconds())
+	}
+	var mainAge time.Duration
+	if depths[MainQueue] > 0 && m.Consumer != nil {
+		if t := m.Consumer.LastEnqueued(); !t.IsZero() {
+			mainAge = max(now.Sub(t), 0)
 		}
 	}
+	m.Metrics.QueueOldestAge.WithLabelValues(MainQueue).Set(mainAge.Seconds())
+	var terminalAge time.Duration
+	if !oldestNew.IsZero() {
+		terminalAge = max(now.Sub(oldestNew), 0)
+	}
+	m.Metrics.QueueOldestAge.WithLabelValues(TerminalQueue).Set(terminalAge.Seconds())
+	m.Metrics.TerminalPending.Set(float64(depths[TerminalQueue] + depths[OverflowQueue] + newCount))
 	return nil
 }
 
-// sample returns a queue's depth and, if peek, the age of its head message.
-func (m *Monitor) sample(q string, peek bool, now time.Time) (int, time.Duration, error) {
+// depth is a queue's ready messages, from a passive declare.
+func (m *Monitor) depth(q string) (int, error) {
 	ch, err := m.conn.Channel()
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	defer ch.Close()
 	st, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
 	if err != nil {
-		return 0, 0, fmt.Errorf("inspect %s: %w", q, err)
+		return 0, fmt.Errorf("inspect %s: %w", q, err)
 	}
-	if !peek || st.Messages == 0 {
-		delete(m.head, q)
-		return st.Messages, 0, nil
-	}
-	d, ok, err := ch.Get(q, false)
-	if err != nil || !ok {
-		return st.Messages, 0, err
-	}
-	defer d.Nack(false, true) // back in place, untouched
-	if !d.Timestamp.IsZero() {
-		return st.Messages, max(now.Sub(d.Timestamp), 0), nil
-	}
-	if t, err := time.Parse(time.RFC3339Nano, headerString(d.Headers, HeaderLastFailedAt)); err == nil {
-		return st.Messages, max(now.Sub(t), 0), nil
-	}
-	key := d.MessageId
-	if key == "" {
-		sum := sha256.Sum256(d.Body)
-		key = hex.EncodeToString(sum[:])
-	}
-	h, seen := m.head[q]
-	if !seen || h.key != key {
-		h = seenHead{key: key, since: now}
-		m.head[q] = h
-	}
-	return st.Messages, now.Sub(h.since), nil
+	return st.Messages, nil
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -32,6 +33,8 @@ type Parker struct {
 	// Timeout bounds each database write (0: DefaultParkTimeout), so that a
 	// black-holed MySQL cannot hold the parker, or shutdown, forever.
 	Timeout time.Duration
+	// TerminalDeliveryLimit is the terminal queue's, as in Topology.
+	TerminalDeliveryLimit int
 }
 
 // DefaultParkTimeout bounds one parking's database writes.
@@ -71,16 +74,22 @@ func (p *Parker) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := declareTerminal(ch); err != nil {
+	if err := declareTerminal(ch, p.TerminalDeliveryLimit); err != nil {
 		return err
 	}
 	if err := ch.Qos(16, 0, false); err != nil {
 		return err
 	}
-	deliveries, err := ch.Consume(TerminalQueue, "", false /* autoAck: ack after the row commits */, false, false, false, nil)
+	// The terminal queue, and what it dead-lettered past its delivery limit.
+	terminal, err := ch.Consume(TerminalQueue, "", false /* autoAck: ack after the row commits */, false, false, false, nil)
 	if err != nil {
 		return err
 	}
+	overflow, err := ch.Consume(OverflowQueue, "", false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	deliveries := merge(ctx, terminal, overflow)
 	for {
 		select {
 		case <-ctx.Done():
@@ -91,11 +100,18 @@ func (p *Parker) session(ctx context.Context) error {
 			}
 			parked := parkedFrom(d, time.Now())
 			id, becameNew, err := p.park(ctx, parked)
-			if err != nil {
-				// The database is unreachable or slow: the message goes back
-				// and the session ends; Run backs off before the next one.
-				d.Nack(false, true)
-				return fmt.Errorf("park: %w", err)
+			for bo := (broker.Backoff{Max: 15 * time.Second}); err != nil; {
+				// The database is unreachable or slow: hold the message and
+				// try again (returned, it would count toward the terminal
+				// queue's delivery limit); at shutdown the closing channel
+				// gives it back.
+				wait := bo.Next()
+				p.Log.Warn("parker: cannot park; holding the message and trying again", zap.String("order_no", parked.OrderNo),
+					zap.Error(err), zap.Duration("backoff", wait))
+				if !broker.Sleep(ctx, wait) {
+					return nil
+				}
+				id, becameNew, err = p.park(ctx, parked)
 			}
 			if err := d.Ack(false); err != nil {
 				// The row is committed; the redelivered message matches its
@@ -244,13 +260,41 @@ func lenientOrderNo(body []byte) string {
 	return s
 }
 
-// declareTerminal declares the terminal queue and its binding, as Declare does.
-func declareTerminal(ch *amqp.Channel) error {
+// declareTerminal declares the terminal and overflow queues and their
+// bindings, as DeclareTopology does.
+func declareTerminal(ch *amqp.Channel, limit int) error {
 	if err := ch.ExchangeDeclare(DLXExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
 		return mismatch("exchange", DLXExchange, err)
 	}
-	if _, err := ch.QueueDeclare(TerminalQueue, true, false, false, false, terminalArgs); err != nil {
-		return mismatch("queue", TerminalQueue, err)
+	for _, q := range []struct {
+		name string
+		args amqp.Table
+	}{{TerminalQueue, terminalArgs(limit)}, {OverflowQueue, overflowArgs}} {
+		if _, err := ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
+			return mismatch("queue", q.name, err)
+		}
+		if err := ch.QueueBind(q.name, q.name, DLXExchange, false, nil); err != nil {
+			return err
+		}
 	}
-	return ch.QueueBind(TerminalQueue, TerminalQueue, DLXExchange, false, nil)
+	return nil
+}
+
+// merge delivers what a and b deliver, until both are closed or ctx ends.
+func merge(ctx context.Context, a, b <-chan amqp.Delivery) <-chan amqp.Delivery {
+	out := make(chan amqp.Delivery)
+	var wg sync.WaitGroup
+	for _, in := range []<-chan amqp.Delivery{a, b} {
+		wg.Go(func() {
+			for d := range in {
+				select {
+				case out <- d:
+				case <-ctx.Done():
+					return // unacked: back to its queue as the channel closes
+				}
+			}
+		})
+	}
+	go func() { wg.Wait(); close(out) }()
+	return out
 }

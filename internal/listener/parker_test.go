@@ -167,7 +167,7 @@ func TestParkerWithBlackholedMySQL(t *testing.T) {
 	stop := e.startParker(deadletter.NewStore(db), time.Second)
 	testenv.Publish(t, e.amqpURL, listener.TerminalQueue, []byte(`{"orderNo":"BH1","userId":1,"amount":"1.00"}`))
 	testenv.Eventually(t, 10*time.Second, func() bool {
-		return len(e.logs.FilterMessage("parker: session ended; reconnecting").All()) > 0
+		return len(e.logs.FilterMessage("parker: cannot park; holding the message and trying again").All()) > 0
 	}, "the parker never gave up on the black-holed write")
 	if took := stop(); took > 5*time.Second {
 		t.Fatalf("the parker took %s to stop", took)

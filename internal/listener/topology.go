@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strings"
@@ -15,8 +16,21 @@ const (
 	DLXExchange   = "ex.pay.dlx"
 	RetryExchange = "ex.pay.retry"
 	TerminalQueue = "q.pay.dlx.terminal"
+	// OverflowQueue takes what the terminal queue dead-letters past its
+	// delivery limit (the parker returned a message that often: repeated
+	// broker connection losses while it held it). A classic queue: it has
+	// no delivery limit, so nothing past it can vanish. The parker drains it
+	// like the terminal queue.
+	OverflowQueue = "q.pay.dlx.terminal.overflow"
 	waitPrefix    = "q.pay.dlx.wait."
 )
+
+// DefaultDeliveryLimit is the x-delivery-limit of every quorum queue paysvc
+// declares, the main queue's unless amqp.deliveryLimit says otherwise.
+// RabbitMQ 4.x gives a quorum queue without one a limit of 20 and drops a
+// message past it when the queue has no dead-letter target: every quorum
+// queue here has both, explicitly.
+const DefaultDeliveryLimit = 20
 
 // WaitQueue names the wait queue for a delay: q.pay.dlx.wait.30s, ...1m, ...5m.
 func WaitQueue(d time.Duration) string { return waitPrefix + FormatDelay(d) }
@@ -36,34 +50,53 @@ func FormatDelay(d time.Duration) string {
 	return s
 }
 
-// Declare declares the whole topology, durable, and so checks that what
-// already exists matches: RabbitMQ refuses a redeclaration with other
-// arguments, which is reported naming the object and what to do.
-//
-//	q.pay.success          classic (or quorum with a delivery limit), dead-letters
-//	                       to ex.pay.dlx → q.pay.dlx.terminal
-//	ex.pay.dlx (direct)    → q.pay.dlx.wait.<delay>..., q.pay.dlx.terminal
-//	q.pay.dlx.wait.<delay> quorum, TTL <delay>, at-least-once dead-lettering
-//	                       through ex.pay.retry → q.pay.success
-//	q.pay.dlx.terminal     quorum
+// Declare declares the whole topology, with a quorum main queue and the
+// default limits, as paysvc does by default; see DeclareTopology.
 func Declare(ch *amqp.Channel, delays []time.Duration) error {
 	return DeclareTopology(ch, Topology{Delays: delays})
 }
 
-// Topology is what Declare needs to know.
+// Topology is what DeclareTopology needs to know.
 type Topology struct {
 	Delays []time.Duration
-	// MainQueueType is "classic" (default) or "quorum". A quorum main queue
-	// replicates across a cluster and dead-letters a message delivered more
-	// than DeliveryLimit times to the terminal queue, at least once: a
-	// message that crashes every consumer stops going round.
+	// MainQueueType is "quorum" (the default, also for "") or "classic"
+	// (one node, for development). A quorum main queue replicates across a
+	// cluster and dead-letters a message delivered more than DeliveryLimit
+	// times to the terminal queue, at least once: a message that crashes
+	// every consumer stops going round.
 	MainQueueType string
-	DeliveryLimit int
+	DeliveryLimit int // main queue; 0: DefaultDeliveryLimit
+	// TerminalDeliveryLimit bounds the terminal queue's deliveries before
+	// a message moves to OverflowQueue; 0: DefaultDeliveryLimit.
+	TerminalDeliveryLimit int
 }
 
-// DeclareTopology declares the topology; see Declare.
+// quorum is the arguments of a quorum queue that dead-letters at least
+// once to exchange/key, past limit deliveries too.
+func quorum(limit int, exchange, key string) amqp.Table {
+	return amqp.Table{
+		"x-queue-type":              "quorum",
+		"x-delivery-limit":          int64(limit),
+		"x-dead-letter-exchange":    exchange,
+		"x-dead-letter-routing-key": key,
+		"x-dead-letter-strategy":    "at-least-once",
+		"x-overflow":                "reject-publish", // at-least-once needs it
+	}
+}
+
+// DeclareTopology declares the topology durable, and so checks that what
+// already exists matches: RabbitMQ refuses a redeclaration with other
+// arguments, which is reported naming the object and what to do.
+//
+//	q.pay.success          quorum (x-delivery-limit, or classic), dead-letters
+//	                       to ex.pay.dlx → q.pay.dlx.terminal
+//	ex.pay.dlx (direct)    → q.pay.dlx.wait.<delay>..., q.pay.dlx.terminal,
+//	                       q.pay.dlx.terminal.overflow
+//	q.pay.dlx.wait.<delay> quorum, TTL <delay>, dead-letters at least once
+//	                       through ex.pay.retry → q.pay.success
+//	q.pay.dlx.terminal     quorum, past its limit → q.pay.dlx.terminal.overflow
+//	q.pay.dlx.terminal.overflow  classic
 func DeclareTopology(ch *amqp.Channel, t Topology) error {
-	delays := t.Delays
 	exchanges := []string{DLXExchange, RetryExchange}
 	for _, ex := range exchanges {
 		if err := ch.ExchangeDeclare(ex, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
@@ -74,31 +107,18 @@ func DeclareTopology(ch *amqp.Channel, t Topology) error {
 		name, exchange string
 		args           amqp.Table
 	}
-	mainArgs := amqp.Table{
-		"x-dead-letter-exchange":    DLXExchange,
-		"x-dead-letter-routing-key": TerminalQueue,
-	}
-	if t.MainQueueType == "quorum" {
-		mainArgs["x-queue-type"] = "quorum"
-		mainArgs["x-delivery-limit"] = int64(t.DeliveryLimit)
-		mainArgs["x-dead-letter-strategy"] = "at-least-once"
-		mainArgs["x-overflow"] = "reject-publish"
+	mainArgs := quorum(cmp.Or(t.DeliveryLimit, DefaultDeliveryLimit), DLXExchange, TerminalQueue)
+	if t.MainQueueType == "classic" {
+		mainArgs = amqp.Table{"x-dead-letter-exchange": DLXExchange, "x-dead-letter-routing-key": TerminalQueue}
 	}
 	queues := []queue{{name: MainQueue, exchange: RetryExchange, args: mainArgs}}
-	for _, d := range delays {
-		queues = append(queues, queue{
-			name: WaitQueue(d), exchange: DLXExchange,
-			args: amqp.Table{
-				"x-queue-type":              "quorum",
-				"x-message-ttl":             d.Milliseconds(),
-				"x-dead-letter-exchange":    RetryExchange,
-				"x-dead-letter-routing-key": MainQueue,
-				"x-dead-letter-strategy":    "at-least-once",
-				"x-overflow":                "reject-publish",
-			},
-		})
+	for _, d := range t.Delays {
+		args := quorum(DefaultDeliveryLimit, RetryExchange, MainQueue)
+		args["x-message-ttl"] = d.Milliseconds()
+		queues = append(queues, queue{name: WaitQueue(d), exchange: DLXExchange, args: args})
 	}
-	queues = append(queues, queue{name: TerminalQueue, exchange: DLXExchange, args: terminalArgs})
+	queues = append(queues, queue{name: TerminalQueue, exchange: DLXExchange, args: terminalArgs(t.TerminalDeliveryLimit)},
+		queue{name: OverflowQueue, exchange: DLXExchange, args: overflowArgs})
 	for _, q := range queues {
 		if _, err := ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
 			return mismatch("queue", q.name, err)
@@ -110,13 +130,25 @@ func DeclareTopology(ch *amqp.Channel, t Topology) error {
 	return nil
 }
 
-var terminalArgs = amqp.Table{"x-queue-type": "quorum"}
+func terminalArgs(limit int) amqp.Table {
+	return quorum(cmp.Or(limit, DefaultDeliveryLimit), DLXExchange, OverflowQueue)
+}
+
+var overflowArgs = amqp.Table{"x-queue-type": "classic"}
 
 func mismatch(kind, name string, err error) error {
 	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
-		return fmt.Errorf("topology: %s %s exists with other arguments than paysvc declares; "+
-			"drain and delete it, or restore the configuration it was made with: %w", kind, name, err)
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
+		return fmt.Errorf("topology: declare %s %s: %w", kind, name, err)
 	}
-	return fmt.Errorf("topology: declare %s %s: %w", kind, name, err)
+	if name == MainQueue && strings.Contains(ae.Reason, "x-queue-type") {
+		return fmt.Errorf("topology: %s exists with another queue type than amqp.queueType asks for (paysvc "+
+			"declares it quorum by default since the production-topology release). Either set amqp.queueType to "+
+			"the queue's type, or migrate: stop the producers, let paysvc drain the queue, stop paysvc, delete %s, "+
+			"start paysvc (it declares the new one), start the producers (README, \"Migrating to quorum queues\"): %w",
+			MainQueue, MainQueue, err)
+	}
+	return fmt.Errorf("topology: %s %s exists with other arguments than paysvc declares; drain and delete it "+
+		"(paysvc declares it again), or restore the configuration it was made with (README, \"Migrating to "+
+		"quorum queues\"): %w", kind, name, err)
 }

@@ -73,6 +73,10 @@ func RouteLibraries(log *zap.Logger) {
 	})
 }
 
+// Unroute stops sending the libraries' lines to log, if it still receives
+// them (a daemon that stops hands them on to nobody).
+func Unroute(log *zap.Logger) { target.CompareAndSwap(log, nil) }
+
 func library(lib, msg string) {
 	if log := target.Load(); log != nil {
 		log.Warn(strings.TrimSpace(msg), zap.String("lib", lib))

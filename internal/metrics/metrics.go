@@ -24,6 +24,7 @@ type Metrics struct {
 	Ready             prometheus.Gauge
 	Reconnects        *prometheus.CounterVec // component: consumer, parker, outbox, monitor
 	Pauses            *prometheus.CounterVec // class: what paused consumption
+	Paused            prometheus.Gauge
 	RequeuedAlone     prometheus.Counter
 	ParkFallbacks     prometheus.Counter
 	QueueMessages     *prometheus.GaugeVec // queue
@@ -65,6 +66,8 @@ func New() *Metrics {
 		Pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paysvc_pauses_total", Help: "Times consumption paused because a dependency was down, by the error class that showed it."},
 			[]string{"class"}),
+		Paused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_paused", Help: "1 while consumption is paused on a dependency that is down (messages held, not returned)."}),
 		RequeuedAlone: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paysvc_requeued_alone_total",
 			Help: "Messages sent back to the main queue alone, without an attempt (outcome unknown or timed out while every dependency answered)."}),
@@ -86,7 +89,7 @@ func New() *Metrics {
 			Name: "paysvc_reconcile_problems", Help: "Problems the last scheduled reconciliation found."}),
 	}
 	r.MustRegister(m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
-		m.Pauses, m.RequeuedAlone, m.ParkFallbacks,
+		m.Pauses, m.Paused, m.RequeuedAlone, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.ReconcileProblems,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, res := range []string{"FIRST", "DUPLICATE", "RETRY", "TERMINAL", "REQUEUE"} {

@@ -42,13 +42,28 @@ func (d *Dispatcher) Run(ctx context.Context) {
 	}
 }
 
-// Declare declares the notice exchange and queue.
+// Declare declares the notice exchange and queue. q.pay.notify is a quorum
+// queue with an explicit delivery limit (20) and a dead-letter target,
+// q.pay.notify.dead (classic, no limit): a notice its consumers keep
+// rejecting is set aside there, never dropped (RabbitMQ 4.x drops a message
+// past a quorum queue's default limit when it has no target).
 func Declare(ch *amqp.Channel) error {
 	if err := ch.ExchangeDeclare(Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %s: %w", Exchange, err)
 	}
-	if _, err := ch.QueueDeclare(Queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
-		return fmt.Errorf("declare queue %s: %w", Queue, err)
+	if _, err := ch.QueueDeclare(DeadQueue, true, false, false, false, amqp.Table{"x-queue-type": "classic"}); err != nil {
+		return fmt.Errorf("declare queue %s: %w", DeadQueue, err)
+	}
+	if _, err := ch.QueueDeclare(Queue, true, false, false, false, amqp.Table{
+		"x-queue-type":              "quorum",
+		"x-delivery-limit":          int64(20),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": DeadQueue,
+		"x-dead-letter-strategy":    "at-least-once",
+		"x-overflow":                "reject-publish",
+	}); err != nil {
+		return fmt.Errorf("declare queue %s (drain and delete a %s declared by an earlier paysvc: README, \"Migrating to quorum queues\"): %w",
+			Queue, Queue, err)
 	}
 	if err := ch.QueueBind(Queue, "pay.#", Exchange, false, nil); err != nil {
 		return fmt.Errorf("bind %s: %w", Queue, err)

@@ -21,6 +21,7 @@ import (
 const (
 	Exchange   = "ex.pay.notify"
 	Queue      = "q.pay.notify"
+	DeadQueue  = "q.pay.notify.dead"
 	RoutingKey = "pay.success"
 )
 

@@ -10,15 +10,18 @@ import (
 
 // A cancelled context makes the driver drop its connection, but the server
 // goes on running the statement (a lock wait, say) and keeps every lock the
-// transaction took until it ends. killingConnector's connections kill their
-// statement on the server, with KILL QUERY from a side connection, as soon
-// as its context ends: the server then rolls the transaction back when it
-// finds the client gone, and the locks are free.
+// transaction took until it ends. killingConnector's connections have the
+// server end them, with KILL CONNECTION from a side connection, as soon as
+// a statement's context ends: the statement stops, the transaction rolls
+// back and the locks are free. KILL CONNECTION rather than KILL QUERY: the
+// client side is gone anyway, and a KILL QUERY that overtakes its statement
+// (the server has not started it yet) does nothing, while a killed
+// connection refuses whatever it was about to run.
 type killingConnector struct {
 	driver.Connector
 }
 
-// killTimeout bounds the side connection that sends KILL QUERY.
+// killTimeout bounds the side connection that sends the KILL.
 const killTimeout = 5 * time.Second
 
 func (k killingConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -82,7 +85,7 @@ func (c *killingConn) watch(ctx context.Context) func() {
 			return // the server is unreachable: the statement dies with the connection
 		}
 		defer side.Close()
-		side.(driver.ExecerContext).ExecContext(kctx, fmt.Sprintf("KILL QUERY %d", c.id), nil)
+		side.(driver.ExecerContext).ExecContext(kctx, fmt.Sprintf("KILL CONNECTION %d", c.id), nil)
 	})
 	return func() {
 		if !stop() {

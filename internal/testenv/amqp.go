@@ -27,7 +27,9 @@ func dial(t testing.TB, url string) (*amqp.Connection, *amqp.Channel) {
 }
 
 // Publish sends bodies to queue through the default exchange, persistent and
-// mandatory, and waits for each confirm.
+// mandatory, and waits for each confirm. A nacked publish is sent again a
+// few times, as a producer would: a quorum queue just declared nacks until
+// its leader is elected.
 func Publish(t testing.TB, url, queue string, bodies ...[]byte) {
 	t.Helper()
 	conn, ch := dial(t, url)
@@ -37,14 +39,20 @@ func Publish(t testing.TB, url, queue string, bodies ...[]byte) {
 	}
 	returns := ch.NotifyReturn(make(chan amqp.Return, len(bodies)))
 	for _, b := range bodies {
-		conf, err := ch.PublishWithDeferredConfirm("", queue, true, false, amqp.Publishing{
-			ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !conf.Wait() {
-			t.Fatal("publish nacked")
+		for attempt := 1; ; attempt++ {
+			conf, err := ch.PublishWithDeferredConfirm("", queue, true, false, amqp.Publishing{
+				ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if conf.Wait() {
+				break
+			}
+			if attempt == 10 {
+				t.Fatal("publish nacked 10 times")
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	if len(returns) > 0 {
@@ -176,4 +184,25 @@ func Unacked(t testing.TB, amqpURL string) map[string]int {
 		}
 	}
 	return out
+}
+
+// Held returns the messages of queue delivered to a consumer and not yet
+// acknowledged (rabbitmqctl list_queues messages_unacknowledged).
+func Held(t testing.TB, amqpURL, queue string) int {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := sandbox.RabbitmqCtlOutput("list_queues", "-p", strings.TrimPrefix(u.Path, "/"), "name", "messages_unacknowledged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == queue {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	return 0
 }

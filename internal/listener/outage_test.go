@@ -1,0 +1,92 @@
+package listener_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/order"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+// outage is how long the dependencies stay down in TestOutagesSpendNoDeliveryCount.
+const outage = 2 * time.Minute
+
+// On a quorum main queue with a delivery limit of 3, every return of a
+// message counts. Long and flapping outages of Redis (CLOSED) and MySQL
+// must cost nothing: the messages are held through the outage, none is
+// returned, none reaches the terminal queue, every payment applies once.
+func TestOutagesSpendNoDeliveryCount(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		fault func(e *env, redis, mysql *testenv.Proxy, publish func())
+	}{
+		{"redis-down-2m", func(e *env, redis, _ *testenv.Proxy, publish func()) {
+			redis.Down()
+			publish()
+			time.Sleep(outage)
+			redis.Up()
+		}},
+		{"mysql-down-2m", func(e *env, _, mysql *testenv.Proxy, publish func()) {
+			mysql.Down()
+			publish()
+			time.Sleep(outage)
+			mysql.Up()
+		}},
+		{"redis-flaps-10x", func(e *env, redis, _ *testenv.Proxy, publish func()) {
+			go publish()
+			for range 10 {
+				redis.Down()
+				time.Sleep(time.Second)
+				redis.Up()
+				time.Sleep(time.Second)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			redisProxy := testenv.NewProxy(t, e.redisAddr)
+			mysqlProxy := testenv.NewProxy(t, "127.0.0.1:3306")
+			dsn := strings.Replace(e.dsn, "127.0.0.1:3306", mysqlProxy.Addr(), 1)
+			if dsn == e.dsn {
+				t.Fatal("this test puts a proxy before 127.0.0.1:3306; PAYSVC_TEST_MYSQL_DSN points elsewhere")
+			}
+			e.seedAccount(91, "100.00")
+			const n = 30
+			var msgs [][]byte
+			for i := range n {
+				no := fmt.Sprintf("OUT%02d", i)
+				e.seedOrder(no, 91, "1.00")
+				msgs = append(msgs, body(no, 91, "1.00"))
+			}
+			c := e.start(redisProxy.Addr(), dsn, func(cfg *listener.Config) {
+				cfg.MainQueueType, cfg.DeliveryLimit = "quorum", 3
+			})
+			testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready")
+			tc.fault(e, redisProxy, mysqlProxy, func() {
+				for _, m := range msgs {
+					e.publish(m)
+					time.Sleep(50 * time.Millisecond)
+				}
+			})
+			testenv.Eventually(t, 60*time.Second, func() bool { return e.totalFlows() == n && e.depth(listener.MainQueue) == 0 },
+				"not every payment applied after the outage")
+			if e.depth(listener.TerminalQueue) != 0 || e.balance(91) != 10000-n*100 {
+				t.Fatalf("terminal queue %d, balance %s: a payable payment was dead-lettered or charged twice",
+					e.depth(listener.TerminalQueue), e.balance(91))
+			}
+			for i := range n {
+				if no := fmt.Sprintf("OUT%02d", i); e.status(no) != order.Paid || e.flows(no) != 1 {
+					t.Fatalf("%s: %s with %d flows", no, e.status(no), e.flows(no))
+				}
+			}
+			if r := e.results(); r["TERMINAL"] != 0 || r["RETRY"] != 0 {
+				t.Fatalf("outcomes %v: an outage spent attempts", r)
+			}
+		})
+	}
+}
