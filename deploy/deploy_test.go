@@ -6,6 +6,7 @@ package deploy
 import (
 	"bytes"
 	"debug/elf"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -266,6 +267,66 @@ func TestDockerfileBuildsTheSameBinary(t *testing.T) {
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
 			t.Fatal("the binary is dynamically linked: it would not run on distroless/static")
+		}
+	}
+}
+
+// The cluster compose file: three RabbitMQ nodes forming one cluster with a
+// shared cookie from the environment, Redis with a replica and three
+// Sentinels, and paysvc replicas given every broker node and the Sentinels.
+func TestComposeCluster(t *testing.T) {
+	known := knownEnv(t)
+	d := docs(t, "compose.cluster.yaml")[0]
+	services, _ := d["services"].(map[string]any)
+	conf, _ := get(d, "configs", "rabbitmq_conf", "content").(string)
+	for _, n := range []string{"rabbit-1", "rabbit-2", "rabbit-3"} {
+		if services[n] == nil || get(services[n], "hostname") != n {
+			t.Errorf("no RabbitMQ node %s with its own hostname", n)
+		}
+		if !strings.Contains(conf, "rabbit@"+n) {
+			t.Errorf("the cluster configuration does not list rabbit@%s", n)
+		}
+		if get(services[n], "configs", 1, "target") != "/var/lib/rabbitmq/.erlang.cookie" || get(services[n], "configs", 1, "mode") != 0o400 {
+			t.Errorf("%s: the Erlang cookie is not mounted 0400 where RabbitMQ reads it", n)
+		}
+	}
+	if get(d, "configs", "erlang_cookie", "environment") != "RABBITMQ_ERLANG_COOKIE" {
+		t.Error("the Erlang cookie must come from the environment")
+	}
+	for _, s := range []string{"redis-master", "redis-replica", "sentinel-1", "sentinel-2", "sentinel-3", "mysql", "migrate"} {
+		if services[s] == nil {
+			t.Errorf("no service %s", s)
+		}
+	}
+	sentinelCmd := fmt.Sprint(get(services["sentinel-1"], "command"))
+	if !strings.Contains(sentinelCmd, "sentinel monitor paysvc redis-master 6379 2") {
+		t.Errorf("the sentinels do not watch the master with a quorum of 2: %s", sentinelCmd)
+	}
+	for _, s := range []string{"paysvc-1", "paysvc-2", "paysvc-3"} {
+		env, _ := get(services[s], "environment").(map[string]any)
+		urls, _ := env["PAYSVC_AMQP_URL"].(string)
+		for _, n := range []string{"rabbit-1", "rabbit-2", "rabbit-3"} {
+			if !strings.Contains(urls, "@"+n+":5672/") {
+				t.Errorf("%s: PAYSVC_AMQP_URL does not list %s: %s", s, n, urls)
+			}
+		}
+		if env["PAYSVC_REDIS_MASTERNAME"] != "paysvc" || !strings.Contains(fmt.Sprint(env["PAYSVC_REDIS_ADDR"]), "sentinel-3:26379") {
+			t.Errorf("%s: Redis is not reached through the Sentinels", s)
+		}
+		for name := range env {
+			if strings.HasPrefix(name, "PAYSVC_") && !known[name] {
+				t.Errorf("%s sets %s, which paysvc does not know", s, name)
+			}
+		}
+	}
+	raw, _ := os.ReadFile("compose.cluster.yaml")
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue
+		}
+		key := regexp.MustCompile(`^\s*[A-Za-z_]*(PASSWORD|PASS|password|COOKIE)\s*:\s*(\S+)`).FindStringSubmatch(line)
+		if key != nil && !strings.HasPrefix(key[2], "${") || inlineSecret.MatchString(line) {
+			t.Errorf("compose.cluster.yaml holds a literal secret: %s", strings.TrimSpace(line))
 		}
 	}
 }

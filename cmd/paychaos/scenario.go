@@ -284,7 +284,8 @@ var scenarios = []scenario{
 	{name: "mysql-blackholed", faults: "MySQL traffic black-holed 4s (no FIN, no reset)",
 		inject: withToxic(nil, "timeout", "upstream", `{"timeout":0}`, 200*time.Millisecond, 4*time.Second),
 		verify: func(ctx context.Context, w *world, _ *workload) (bool, string) {
-			n := w.logCount(`"msg":"dependency unavailable; not consuming"`) + w.logCount(`"result":"REQUEUE"`)
+			n := w.logCount(`"msg":"consumption paused; waiting for the dependency"`) +
+				w.logCount(`"msg":"dependency unavailable; not consuming"`) + w.logCount(`"result":"REQUEUE"`)
 			return n > 0, fmt.Sprintf("%d pauses or requeues logged", n)
 		}},
 	{name: "oversized-headers", faults: "terminal messages carry a 70 KB header (larger than its column)",

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -112,7 +113,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, TLS: amqpTLS, Name: name, Interval: 500 * time.Millisecond, Batch: 100, Log: log}
 	wg.Go(func() { dispatcher.Run(helpers) })
 	monitor := &listener.Monitor{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Delays: cfg.Retry.Delays, Store: deadLetters,
-		DB: db, Metrics: m, Interval: cfg.Metrics.QueueInterval, Log: log, Consumer: consumer}
+		DB: db, Metrics: m, Interval: cfg.Metrics.QueueInterval, Log: log, Consumer: consumer, Redis: guard}
 	wg.Go(func() { monitor.Run(helpers) })
 	if cfg.Reconcile.Interval > 0 {
 		wg.Go(func() { scheduledReconcile(helpers, cfg, db, m, log) })
@@ -122,11 +123,14 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+			where := fmt.Sprintf("broker node: %s\nredis server: %s\n", cmp.Or(consumer.Node(), "-"), cmp.Or(monitor.RedisServer(), "-"))
 			if !consumer.Ready() {
-				http.Error(w, "not consuming", http.StatusServiceUnavailable)
+				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				io.WriteString(w, "not consuming (reconnecting, or paused on a dependency)\n"+where)
 				return
 			}
-			io.WriteString(w, "ready\n")
+			io.WriteString(w, "ready\n"+where)
 		})
 		mux.Handle("GET /metrics", m.Handler())
 		pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: name + " admin", Timeout: 10 * time.Second, TLS: amqpTLS}

@@ -14,7 +14,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -157,6 +159,22 @@ func (g *Guard) Release(ctx context.Context, c Claim) (bool, error) {
 		return false, fmt.Errorf("idem release %s: %w", c.Key, err)
 	}
 	return n == 1, nil
+}
+
+// Server returns the address of the Redis server the guard talks to, as
+// that server sees it (CLIENT INFO, laddr): behind Sentinel, the current
+// master.
+func (g *Guard) Server(ctx context.Context) (string, error) {
+	info, err := g.rdb.Do(ctx, "CLIENT", "INFO").Text()
+	if err != nil {
+		return "", err
+	}
+	for _, f := range strings.Fields(info) {
+		if addr, ok := strings.CutPrefix(f, "laddr="); ok {
+			return addr, nil
+		}
+	}
+	return "", errors.New("CLIENT INFO: no laddr")
 }
 
 // Probe checks that Redis takes a write, as a claim needs: a PING is answered

@@ -73,7 +73,9 @@ type Consumer struct {
 	paused atomic.Int32
 	// lastEnqueued (unix nanos) is LastEnqueued.
 	lastEnqueued atomic.Int64
-	probe        struct { // the last dependency probe (dependenciesUp)
+	// node is the broker node of the current (or last) session.
+	node  atomic.Pointer[string]
+	probe struct { // the last dependency probe (dependenciesUp)
 		sync.Mutex
 		at time.Time
 		up bool
@@ -95,6 +97,15 @@ func New(cfg Config, orders *order.Store, guard *idem.Guard, log *zap.Logger) *C
 		cfg.FirstLog = log
 	}
 	return &Consumer{cfg: cfg, orders: orders, guard: guard, log: log, m: cfg.Metrics}
+}
+
+// Node returns the address of the broker node the consumer is (or was last)
+// connected to; "" before the first session.
+func (c *Consumer) Node() string {
+	if n := c.node.Load(); n != nil {
+		return *n
+	}
+	return ""
 }
 
 // LastEnqueued is when the message this consumer received last was
@@ -207,6 +218,11 @@ func (c *Consumer) session(ctx context.Context) error {
 		return err
 	}
 	defer closeWithin(5*time.Second, func() { conn.Close() })
+	node := conn.RemoteAddr().String()
+	if prev := c.node.Swap(&node); prev != nil && *prev != node {
+		c.m.Failovers.WithLabelValues("broker").Inc()
+		c.log.Warn("broker node changed", zap.String("from", *prev), zap.String("broker_node", node))
+	}
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	go func() {
@@ -267,7 +283,7 @@ func (c *Consumer) session(ctx context.Context) error {
 		})
 	}
 	c.setReady(true)
-	c.log.Info("consuming", zap.String("queue", MainQueue), zap.String("consumer_tag", tag),
+	c.log.Info("consuming", zap.String("queue", MainQueue), zap.String("broker_node", node), zap.String("consumer_tag", tag),
 		zap.Int("prefetch", c.cfg.Prefetch), zap.Int("workers", c.cfg.Workers))
 
 	reason := dispatch(ctx, deliveries, work, pause, connClosed, chClosed)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -39,8 +40,38 @@ type Monitor struct {
 	// Consumer tells when the newest delivered message was enqueued; nil:
 	// the main queue's age is not reported.
 	Consumer interface{ LastEnqueued() time.Time }
+	// Redis tells which Redis server (the master, behind Sentinel) paysvc
+	// reaches; nil: not followed.
+	Redis interface {
+		Server(ctx context.Context) (string, error)
+	}
 
-	conn *amqp.Connection
+	conn  *amqp.Connection
+	redis atomic.Pointer[string]
+}
+
+// RedisServer returns the Redis server (master) seen at the last sample, or "".
+func (m *Monitor) RedisServer() string {
+	if s := m.redis.Load(); s != nil {
+		return *s
+	}
+	return ""
+}
+
+// followRedis records the Redis server paysvc reaches and counts a change
+// of master as a failover.
+func (m *Monitor) followRedis(ctx context.Context) {
+	if m.Redis == nil {
+		return
+	}
+	addr, err := m.Redis.Server(ctx)
+	if err != nil {
+		return // unreachable, or CLIENT INFO refused by an ACL: nothing to say
+	}
+	if prev := m.redis.Swap(&addr); prev != nil && *prev != addr {
+		m.Metrics.Failovers.WithLabelValues("redis").Inc()
+		m.Log.Warn("redis master changed", zap.String("from", *prev), zap.String("redis_server", addr))
+	}
 }
 
 // Run samples every Interval until ctx ends.
@@ -70,6 +101,7 @@ func (m *Monitor) close() {
 // Poll takes one sample.
 func (m *Monitor) Poll(ctx context.Context) error {
 	now := time.Now()
+	m.followRedis(ctx)
 	newCount, oldestNew, err := m.Store.Stats(ctx)
 	if err != nil {
 		return fmt.Errorf("dead letter stats: %w", err)

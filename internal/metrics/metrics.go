@@ -24,6 +24,7 @@ type Metrics struct {
 	Ready             prometheus.Gauge
 	Reconnects        *prometheus.CounterVec // component: consumer, parker, outbox, monitor
 	Pauses            *prometheus.CounterVec // class: what paused consumption
+	Failovers         *prometheus.CounterVec // component: broker (another node), redis (another master)
 	Paused            prometheus.Gauge
 	RequeuedAlone     prometheus.Counter
 	ParkFallbacks     prometheus.Counter
@@ -66,6 +67,9 @@ func New() *Metrics {
 		Pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paysvc_pauses_total", Help: "Times consumption paused because a dependency was down, by the error class that showed it."},
 			[]string{"class"}),
+		Failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paysvc_failovers_total",
+			Help: "Times paysvc found itself on another broker node (broker) or Redis master (redis) than before."}, []string{"component"}),
 		Paused: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_paused", Help: "1 while consumption is paused on a dependency that is down (messages held, not returned)."}),
 		RequeuedAlone: prometheus.NewCounter(prometheus.CounterOpts{
@@ -89,7 +93,7 @@ func New() *Metrics {
 			Name: "paysvc_reconcile_problems", Help: "Problems the last scheduled reconciliation found."}),
 	}
 	r.MustRegister(m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
-		m.Pauses, m.Paused, m.RequeuedAlone, m.ParkFallbacks,
+		m.Pauses, m.Failovers, m.Paused, m.RequeuedAlone, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.ReconcileProblems,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, res := range []string{"FIRST", "DUPLICATE", "RETRY", "TERMINAL", "REQUEUE"} {
