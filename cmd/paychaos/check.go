@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/money"
 )
@@ -167,7 +167,7 @@ func (w *world) queues() []string {
 
 // depths reads the ready messages of every paysvc queue.
 func (w *world) depths() (map[string]int, error) {
-	conn, err := amqp.Dial(w.amqpURL)
+	conn, err := broker.Dial(w.amqpURL, "paychaos", nil)
 	if err != nil {
 		return nil, err
 	}

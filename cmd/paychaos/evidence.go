@@ -184,3 +184,44 @@ func killed(_ context.Context, w *world, _ *workload) (bool, string) {
 	n := w.killedExits()
 	return n >= 1, fmt.Sprintf("%d instances killed by SIGKILL (want >= 1)", n)
 }
+
+// handledAfterFault is the evidence that paysvc went on after the fault:
+// messages handled after it, and how long the first took to come.
+func handledAfterFault(_ context.Context, w *world, _ *workload) (bool, string) {
+	w.mu.Lock()
+	at := w.faultAt
+	w.mu.Unlock()
+	if at.IsZero() {
+		return false, "the fault never happened"
+	}
+	n := 0
+	var first time.Time
+	for _, e := range w.entries() {
+		if e.str("msg") == "message handled" && e.at().After(at) {
+			n++
+			if first.IsZero() || e.at().Before(first) {
+				first = e.at()
+			}
+		}
+	}
+	if n == 0 {
+		return false, "no message handled after the fault"
+	}
+	return true, fmt.Sprintf("%d messages handled after the fault, the first %s after it", n, first.Sub(at).Round(10*time.Millisecond))
+}
+
+// pausedWithoutMajority is the evidence that the quorum queue stopped while
+// the cluster had no majority: no message was handled in that window (from
+// a second after the second node died to the restart of one of them).
+func pausedWithoutMajority(_ context.Context, w *world, _ *workload) (bool, string) {
+	w.mu.Lock()
+	from, to := w.minority.Add(time.Second), w.majority
+	w.mu.Unlock()
+	if from.IsZero() || to.IsZero() {
+		return false, "the cluster never lost its majority"
+	}
+	n := count(w.entries(), func(e entry) bool {
+		return e.str("msg") == "message handled" && e.at().After(from) && e.at().Before(to)
+	})
+	return n == 0, fmt.Sprintf("%d messages handled without a majority over %s (want 0: the queue pauses)", n, to.Sub(from).Round(100*time.Millisecond))
+}

@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 )
 
@@ -57,6 +58,7 @@ type result struct {
 	outcomes     map[string]int
 	parked       int
 	restarts     int
+	notes        []string // what the scenario measured
 	settled      bool
 	clean        bool
 	invariants   []invariant
@@ -75,11 +77,16 @@ func (r result) passed() bool {
 	return true
 }
 
-func main() {
+func main() { os.Exit(suite()) }
+
+// suite runs what the flags ask and returns the exit status; every server
+// and process it started is stopped before it returns.
+func suite() int {
 	binary := flag.String("binary", "bin/paysvc-faultinject", "paysvc built with -tags faultinject")
 	only := flag.String("only", "", "comma-separated scenario names (default: all)")
 	seed := flag.Uint64("seed", 0, "random seed (0: from the clock)")
 	soak := flag.Bool("soak", false, "run a seeded random mix of every fault instead of the suite")
+	clusterMode := flag.Bool("cluster", false, "run the cluster suite: a 3-node RabbitMQ cluster, Redis with Sentinel and a MariaDB of its own, on loopback ports of their own (root)")
 	duration := flag.Duration("duration", 10*time.Minute, "soak duration")
 	orders := flag.Int("orders", 240, "orders per scenario")
 	logDir := flag.String("logs", "tmp/chaos", "where instance logs go")
@@ -88,6 +95,7 @@ func main() {
 	flag.Parse()
 	zerolog.SetGlobalLevel(zerolog.Disabled)    // toxiproxy's own logging
 	mysql.SetLogger(log.New(io.Discard, "", 0)) // "closing bad idle connection" after the kills we make
+	redis.SetLogger(discard{})                  // go-redis's Sentinel chatter during the failovers we make
 	if *seed == 0 {
 		*seed = uint64(time.Now().UnixNano())
 	}
@@ -101,21 +109,49 @@ func main() {
 	}
 	if _, err := os.Stat(*binary); err != nil {
 		fmt.Fprintf(os.Stderr, "paychaos: %v (build it: make chaos)\n", err)
-		os.Exit(2)
+		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	fmt.Printf("paychaos seed=%d\n", *seed)
 
 	var results []result
+	suite := scenarios
+	worldFor := func(ctx context.Context, name string) (*world, error) {
+		return newWorld(ctx, name, srv, *binary, *logDir)
+	}
+	if *clusterMode {
+		dir, err := os.MkdirTemp("", "paychaos-cluster-")
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "paychaos: %v\n", err)
+			return 2
+		}
+		started := time.Now()
+		c, err := startCluster(ctx, dir)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "paychaos: cluster: %v\n", err)
+			return 2
+		}
+		defer c.close()
+		fmt.Printf("cluster up in %s: RabbitMQ %v, Redis %d/%d + Sentinels %v, MariaDB %d\n",
+			time.Since(started).Round(100*time.Millisecond), c.nodeNames(), c.redis[0].port, c.redis[1].port,
+			c.sentinelAddrs(), c.mysqlPort)
+		suite = clusterScenarios
+		worldFor = func(ctx context.Context, name string) (*world, error) {
+			if err := c.heal(ctx); err != nil {
+				return nil, err
+			}
+			return newClusterWorld(ctx, name, c, *binary, *logDir)
+		}
+	}
 	if *soak {
 		results = append(results, runSoak(ctx, srv, *binary, *logDir, *seed, *duration))
 	} else {
-		for i, s := range scenarios {
+		for i, s := range suite {
 			if *only != "" && !contains(strings.Split(*only, ","), s.name) {
 				continue
 			}
-			r := runScenario(ctx, s, i, srv, *binary, *logDir, *seed, *orders)
+			r := runScenario(ctx, s, i, worldFor, *seed, *orders)
 			fmt.Printf("%-26s %s\n", s.name, verdict(r))
 			results = append(results, r)
 			if ctx.Err() != nil {
@@ -126,9 +162,10 @@ func main() {
 	report(results)
 	for _, r := range results {
 		if !r.passed() {
-			os.Exit(1)
+			return 1
 		}
 	}
+	return 0
 }
 
 func env(k, def string) string {
@@ -160,10 +197,10 @@ func hash(s string) uint64 {
 	return h.Sum64()
 }
 
-func runScenario(ctx context.Context, s scenario, idx int, srv servers, binary, logDir string, seed uint64, orders int) (r result) {
+func runScenario(ctx context.Context, s scenario, idx int, worldFor func(context.Context, string) (*world, error), seed uint64, orders int) (r result) {
 	r = result{name: s.name, faults: s.faults}
 	rng := rand.New(rand.NewPCG(seed, hash(s.name)))
-	w, err := newWorld(ctx, s.name, srv, binary, logDir)
+	w, err := worldFor(ctx, s.name)
 	if err != nil {
 		r.err = err
 		return r
@@ -237,20 +274,32 @@ func runScenario(ctx context.Context, s scenario, idx int, srv servers, binary, 
 		ok, detail := s.verify(ctx, w, wl)
 		r.invariants = append(r.invariants, invariant{name: "evidence", ok: ok, detail: detail})
 	}
+	r.notes = w.notes
 	if len(crash) > 0 && w.killedExits() == 0 {
 		r.err = fmt.Errorf("the crash point never fired (no instance died of SIGKILL)")
 	}
 	return r
 }
 
-// lateOrders creates the late orders after their payments were published.
+// lateOrders creates the late orders after their payments were published,
+// each until it is in (MySQL may be down at that moment).
 func lateOrders(ctx context.Context, w *world, wl *workload) {
 	if !at(ctx, 1500*time.Millisecond) {
 		return
 	}
 	for _, o := range wl.late {
-		w.insertOrder(ctx, o)
+		for w.insertOrder(ctx, o) != nil && !isDuplicate(w, o) {
+			if !at(ctx, 200*time.Millisecond) {
+				return
+			}
+		}
 	}
+}
+
+// isDuplicate reports whether o exists already (an insert whose reply was lost).
+func isDuplicate(w *world, o order) bool {
+	var n int
+	return w.db.Get(&n, "SELECT COUNT(*) FROM t_order WHERE order_no = ?", o.no) == nil && n == 1
 }
 
 // runSoak publishes batches and injects random faults from every scenario
@@ -379,8 +428,23 @@ func report(results []result) {
 			r.outcomes["FIRST"], r.outcomes["DUPLICATE"], r.parked, r.restarts, strings.Join(cells, "\t"), res)
 	}
 	tw.Flush()
+	for _, r := range results {
+		for _, inv := range r.invariants {
+			if inv.name == "evidence" && inv.ok {
+				r.notes = append(r.notes, inv.detail)
+			}
+		}
+		if len(r.notes) > 0 {
+			fmt.Printf("  %s: %s\n", r.name, strings.Join(r.notes, "; "))
+		}
+	}
 	for _, p := range problems {
 		fmt.Println("  " + p)
 	}
 	fmt.Printf("%d passed, %d failed\n", passed, failed)
 }
+
+// discard is a go-redis logger that says nothing.
+type discard struct{}
+
+func (discard) Printf(context.Context, string, ...any) {}

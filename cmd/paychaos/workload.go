@@ -156,7 +156,7 @@ func (w *world) publish(ctx context.Context, bodies [][]byte, headers map[string
 // publishFrom publishes bodies[i], bodies[i+step], ... on one connection and
 // returns how many were confirmed (and routed) before an error.
 func (w *world) publishFrom(ctx context.Context, bodies [][]byte, headers map[string]amqp.Table, i, step int, pace time.Duration) (int, error) {
-	conn, err := amqp.Dial(w.amqpURL)
+	conn, err := broker.Dial(w.amqpURL, "paychaos", nil)
 	if err != nil {
 		return 0, err
 	}

@@ -20,10 +20,10 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/sandbox"
 )
@@ -63,6 +63,35 @@ type world struct {
 	hits                   int       // how often a fault hit paysvc, as the scenario counts it
 	resumedAt              time.Time // SIGCONT of a stopped instance
 	seeded                 bool      // accounts exist
+	cluster                *cluster  // the cluster suite's servers; nil: the shared ones behind proxies
+	notes                  []string  // what a scenario measured, for the report
+	faultAt                time.Time // when the fault ended (or hit): evidence looks after it
+	minority, majority     time.Time // the cluster lost and regained its majority
+}
+
+// note records a measurement for the report.
+func (w *world) note(format string, args ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.notes = append(w.notes, fmt.Sprintf(format, args...))
+}
+
+func (w *world) markFault(t time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.faultAt = t
+}
+
+func (w *world) markMinority(t time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.minority = t
+}
+
+func (w *world) markMajority(t time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.majority = t
 }
 
 func randHex(n int) string {
@@ -115,7 +144,46 @@ func newWorld(ctx context.Context, name string, srv servers, binary, logDir stri
 		return w, err
 	}
 	// Declare the topology up front so that publishing can start at once.
-	conn, err := amqp.Dial(w.amqpURL)
+	conn, err := broker.Dial(w.amqpURL, "paychaos", nil)
+	if err != nil {
+		return w, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return w, err
+	}
+	return w, listener.Declare(ch, w.delays)
+}
+
+// newClusterWorld makes a scenario's database, vhost and key prefix on the
+// cluster's own servers; the instances reach them directly (every broker
+// node, the Sentinels), with no proxy.
+func newClusterWorld(ctx context.Context, name string, c *cluster, binary, logDir string) (_ *world, err error) {
+	w := &world{name: name, binary: binary, cluster: c,
+		delays: []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, time.Second}}
+	defer func() {
+		if err != nil {
+			w.close()
+		}
+	}()
+	id := strings.ReplaceAll(name, "-", "_") + "_" + randHex(3)
+	w.dbName, w.vhost, w.prefix = "chaos_"+id, "chaos_"+id, "chaos:"+id+":"
+	w.dir = filepath.Join(logDir, name+"-"+id[len(id)-6:])
+	if err := os.MkdirAll(w.dir, 0o755); err != nil {
+		return nil, err
+	}
+	d, err := sandbox.NewDatabase(ctx, c.mysqlDSN(), w.dbName, 8)
+	if err != nil {
+		return nil, err
+	}
+	w.database, w.db, w.admin = d, d.DB, d.Admin()
+	if err := c.addVhost(w.vhost); err != nil {
+		return w, err
+	}
+	w.amqpURL = c.amqpURLs(w.vhost)
+	w.rdb = c.redisClient()
+	conn, err := broker.Dial(w.amqpURL, "paychaos", nil)
 	if err != nil {
 		return w, err
 	}
@@ -153,7 +221,11 @@ func (w *world) close() {
 	if w.database != nil {
 		w.database.Close()
 	}
-	sandbox.DeleteVhost(w.vhost)
+	if w.cluster != nil {
+		w.cluster.deleteVhost(w.vhost)
+	} else {
+		sandbox.DeleteVhost(w.vhost)
+	}
 	if w.rdb != nil {
 		w.deleteKeys()
 		w.rdb.Close()
@@ -176,31 +248,44 @@ type instance struct {
 }
 
 func (w *world) env() []string {
-	mcfg, _ := mysql.ParseDSN(w.srv.mysqlDSN)
-	mcfg.Addr, mcfg.DBName = w.commitCut.addr(), w.dbName
-	amqpURL := strings.Replace(strings.TrimSuffix(w.srv.amqpURL, "/"), mustHost(w.srv.amqpURL), w.amqpProxy.Listen, 1) + "/" + w.vhost
 	delays := make([]string, len(w.delays))
 	for i, d := range w.delays {
 		delays[i] = d.String()
 	}
-	return []string{
-		"PATH=" + os.Getenv("PATH"),
-		"PAYSVC_AMQP_URL=" + amqpURL,
-		"PAYSVC_MYSQL_DSN=" + mcfg.FormatDSN(),
-		"PAYSVC_REDIS_ADDR=" + w.redisProxy.Listen,
-		"PAYSVC_IDEMPOTENT_KEYPREFIX=" + w.prefix,
+	var servers []string
+	if c := w.cluster; c != nil {
+		mcfg, _ := mysql.ParseDSN(c.mysqlDSN())
+		mcfg.DBName = w.dbName
+		servers = []string{
+			"PAYSVC_AMQP_URL=" + w.amqpURL, // every node
+			"PAYSVC_MYSQL_DSN=" + mcfg.FormatDSN(),
+			"PAYSVC_REDIS_ADDR=" + strings.Join(c.sentinelAddrs(), ","),
+			"PAYSVC_REDIS_MASTERNAME=" + masterName,
+		}
+	} else {
+		mcfg, _ := mysql.ParseDSN(w.srv.mysqlDSN)
+		mcfg.Addr, mcfg.DBName = w.commitCut.addr(), w.dbName
+		servers = []string{
+			"PAYSVC_AMQP_URL=" + strings.Replace(strings.TrimSuffix(w.srv.amqpURL, "/"), mustHost(w.srv.amqpURL), w.amqpProxy.Listen, 1) + "/" + w.vhost,
+			"PAYSVC_MYSQL_DSN=" + mcfg.FormatDSN(),
+			"PAYSVC_REDIS_ADDR=" + w.redisProxy.Listen,
+		}
+	}
+	return append(servers,
+		"PATH="+os.Getenv("PATH"),
+		"PAYSVC_IDEMPOTENT_KEYPREFIX="+w.prefix,
 		"PAYSVC_IDEMPOTENT_LEASE=3s",
 		"PAYSVC_MYSQL_LOCKWAITTIMEOUT=1s",
 		"PAYSVC_MYSQL_IDLETRANSACTIONTIMEOUT=3s",
-		"PAYSVC_RETRY_DELAYS=" + strings.Join(delays, ","),
+		"PAYSVC_RETRY_DELAYS="+strings.Join(delays, ","),
 		"PAYSVC_RETRY_MAXATTEMPTS=6",
 		"PAYSVC_AMQP_WORKERS=8",
 		"PAYSVC_AMQP_PREFETCH=16",
 		"PAYSVC_AMQP_DRAINTIMEOUT=10s",
 		"PAYSVC_HTTP_ADDR=",
 		"PAYSVC_METRICS_QUEUEINTERVAL=1s",
-		"PAYSVC_FAULT_MUTATION=" + mutation,
-	}
+		"PAYSVC_FAULT_MUTATION="+mutation,
+	)
 }
 
 func mustHost(u string) string {

@@ -5,9 +5,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -25,13 +25,10 @@ func URLs(list string) []string {
 	return out
 }
 
-// next spreads dials over the nodes: each dial starts one node further, so
-// that a dead node is left behind and connections spread over a cluster.
-var next atomic.Uint64
-
 // Dial connects with paysvc's connection settings to the first node of urls
-// (a comma-separated list, see URLs) that answers, trying each once,
-// starting one further than the previous dial. tlsCfg (may be nil: the
+// (a comma-separated list, see URLs) that answers, trying each once in
+// turn from a random one: replicas spread over a cluster, and a dead node
+// is tried at most once per dial. tlsCfg (may be nil: the
 // system roots) is used for amqps:// URLs. The connection's RemoteAddr says
 // which node it reached.
 func Dial(urls, name string, tlsCfg *tls.Config) (*amqp.Connection, error) {
@@ -39,7 +36,7 @@ func Dial(urls, name string, tlsCfg *tls.Config) (*amqp.Connection, error) {
 	if len(list) == 0 {
 		return nil, errors.New("amqp dial: no URL")
 	}
-	start := int(next.Add(1) % uint64(len(list)))
+	start := rand.IntN(len(list))
 	var errs []error
 	for i := range list {
 		conn, err := dialOne(list[(start+i)%len(list)], name, tlsCfg)
