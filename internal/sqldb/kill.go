@@ -85,13 +85,46 @@ func (c *killingConn) watch(ctx context.Context) func() {
 			return // the server is unreachable: the statement dies with the connection
 		}
 		defer side.Close()
-		side.(driver.ExecerContext).ExecContext(kctx, fmt.Sprintf("KILL CONNECTION %d", c.id), nil)
+		// Kill until the server has let go of the thread: a KILL that
+		// overtakes its statement under load has been seen to leave it
+		// running.
+		for kctx.Err() == nil {
+			side.(driver.ExecerContext).ExecContext(kctx, fmt.Sprintf("KILL CONNECTION %d", c.id), nil)
+			if gone(kctx, side, c.id) {
+				return
+			}
+			select {
+			case <-kctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
 	})
 	return func() {
 		if !stop() {
 			c.killed.Store(true) // the kill is under way or done
 		}
 	}
+}
+
+// gone reports whether the server no longer runs thread id.
+func gone(ctx context.Context, side driver.Conn, id uint64) bool {
+	rows, err := side.(driver.QueryerContext).QueryContext(ctx,
+		fmt.Sprintf("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %d", id), nil)
+	if err != nil {
+		return false
+	}
+	defer rows.Close()
+	v := make([]driver.Value, 1)
+	if rows.Next(v) != nil {
+		return false
+	}
+	switch n := v[0].(type) {
+	case []byte:
+		return string(n) == "0"
+	case int64:
+		return n == 0
+	}
+	return false
 }
 
 func (c *killingConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
