@@ -101,3 +101,19 @@ func TestMonitorNeverReadsAQueue(t *testing.T) {
 		t.Fatalf("the head message was delivered before: redelivered %v, x-delivery-count %v", d.Redelivered, d.Headers["x-delivery-count"])
 	}
 }
+
+// A q.pay.success left classic by an earlier version stops start-up with a
+// message that says what to do, naming amqp.queueType and the migration.
+func TestClassicMainQueueStopsStartup(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ch := e.channel()
+	if err := listener.DeclareTopology(ch, listener.Topology{Delays: e.delays, MainQueueType: "classic"}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.start(e.redisAddr, e.dsn) // quorum, the default
+	err := c.wait(t)
+	if err == nil || !strings.Contains(err.Error(), "amqp.queueType") || !strings.Contains(err.Error(), "Migrating to quorum queues") {
+		t.Fatalf("Run = %v, want the queue type mismatch explained, with the migration", err)
+	}
+}
