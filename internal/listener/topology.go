@@ -141,12 +141,14 @@ func mismatch(kind, name string, err error) error {
 	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
 		return fmt.Errorf("topology: declare %s %s: %w", kind, name, err)
 	}
-	if name == MainQueue && strings.Contains(ae.Reason, "x-queue-type") {
-		return fmt.Errorf("topology: %s exists with another queue type than amqp.queueType asks for (paysvc "+
-			"declares it quorum by default since the production-topology release). Either set amqp.queueType to "+
-			"the queue's type, or migrate: stop the producers, let paysvc drain the queue, stop paysvc, delete %s, "+
-			"start paysvc (it declares the new one), start the producers (README, \"Migrating to quorum queues\"): %w",
-			MainQueue, MainQueue, err)
+	if name == MainQueue {
+		// Most likely a classic queue from before quorum became the
+		// default: the broker names only the first argument that differs.
+		return fmt.Errorf("topology: %s exists with other arguments than paysvc declares, most likely another "+
+			"queue type than amqp.queueType asks for (quorum by default since the production-topology release). "+
+			"Either set amqp.queueType to the queue's type, or migrate: stop the producers, let paysvc drain the "+
+			"queue, stop paysvc, delete %s, start paysvc (it declares the new one), start the producers (README, "+
+			"\"Migrating to quorum queues\"): %w", MainQueue, MainQueue, err)
 	}
 	return fmt.Errorf("topology: %s %s exists with other arguments than paysvc declares; drain and delete it "+
 		"(paysvc declares it again), or restore the configuration it was made with (README, \"Migrating to "+
