@@ -37,7 +37,7 @@ chaos: services
 # The cluster suite: a 3-node RabbitMQ cluster, Redis with a replica and
 # three Sentinels and a MariaDB of its own, on loopback ports of their own
 # (the shared servers are left alone), 3 paysvc instances given every node,
-# node and master failures. About 10 minutes; needs root.
+# node and master failures. About 2 minutes here; needs root.
 chaos-cluster: services
 	$(GO) build -tags faultinject -o bin/paysvc-faultinject ./cmd/paysvc
 	$(GO) build -o bin/paychaos ./cmd/paychaos
