@@ -174,16 +174,9 @@ func (c *cluster) startNode(ctx context.Context, i int) error {
 		"RABBITMQ_ADVANCED_CONFIG_FILE="+filepath.Join(n.dir, "advanced.config"),
 		"RABBITMQ_PID_FILE="+filepath.Join(n.dir, "pid"))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, Setpgid: true}
-	log, err := os.OpenFile(filepath.Join(c.dir, "rabbit-"+strconv.Itoa(i+1)+".out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
+	if err := c.spawn(cmd, "rabbit-"+strconv.Itoa(i+1)); err != nil {
 		return err
 	}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		log.Close()
-		return err
-	}
-	go func() { cmd.Wait(); log.Close() }()
 	n.cmd = cmd
 	if err := waitPort(ctx, n.port, 90*time.Second); err != nil {
 		return err
@@ -362,7 +355,17 @@ func (c *cluster) startRedis(ctx context.Context) error {
 // start starts (or restarts) a daemon and waits for its port.
 func (c *cluster) start(ctx context.Context, d *daemon) error {
 	cmd := exec.Command(d.argv[0], d.argv[1:]...)
-	log, err := os.OpenFile(filepath.Join(c.dir, d.name+".out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err := c.spawn(cmd, d.name); err != nil {
+		return err
+	}
+	d.cmd = cmd
+	return waitPort(ctx, d.port, 60*time.Second)
+}
+
+// spawn starts cmd with its output appended to <name>.out in the cluster's
+// directory, and reaps it when it exits.
+func (c *cluster) spawn(cmd *exec.Cmd, name string) error {
+	log, err := os.OpenFile(filepath.Join(c.dir, name+".out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
@@ -372,8 +375,7 @@ func (c *cluster) start(ctx context.Context, d *daemon) error {
 		return err
 	}
 	go func() { cmd.Wait(); log.Close() }()
-	d.cmd = cmd
-	return waitPort(ctx, d.port, 60*time.Second)
+	return nil
 }
 
 // kill stops a daemon with sig and waits for it to exit.

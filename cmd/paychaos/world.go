@@ -110,17 +110,9 @@ func newWorld(ctx context.Context, name string, srv servers, binary, logDir stri
 			w.close()
 		}
 	}()
-	id := strings.ReplaceAll(name, "-", "_") + "_" + randHex(3)
-	w.dbName, w.vhost, w.prefix = "chaos_"+id, "chaos_"+id, "chaos:"+id+":"
-	w.dir = filepath.Join(logDir, name+"-"+id[len(id)-6:])
-	if err := os.MkdirAll(w.dir, 0o755); err != nil {
+	if err := w.setup(ctx, logDir, srv.mysqlDSN); err != nil {
 		return nil, err
 	}
-	d, err := sandbox.NewDatabase(ctx, srv.mysqlDSN, w.dbName, 8)
-	if err != nil {
-		return nil, err
-	}
-	w.database, w.db, w.admin = d, d.DB, d.Admin()
 	if w.amqpURL, err = sandbox.NewVhost(srv.amqpURL, w.vhost, "guest"); err != nil {
 		return w, err
 	}
@@ -156,6 +148,23 @@ func newWorld(ctx context.Context, name string, srv servers, binary, logDir stri
 	return w, listener.Declare(ch, w.delays)
 }
 
+// setup names the world's database, vhost and key prefix, makes its log
+// directory and its migrated database on the server of mysqlDSN.
+func (w *world) setup(ctx context.Context, logDir, mysqlDSN string) error {
+	id := strings.ReplaceAll(w.name, "-", "_") + "_" + randHex(3)
+	w.dbName, w.vhost, w.prefix = "chaos_"+id, "chaos_"+id, "chaos:"+id+":"
+	w.dir = filepath.Join(logDir, w.name+"-"+id[len(id)-6:])
+	if err := os.MkdirAll(w.dir, 0o755); err != nil {
+		return err
+	}
+	d, err := sandbox.NewDatabase(ctx, mysqlDSN, w.dbName, 8)
+	if err != nil {
+		return err
+	}
+	w.database, w.db, w.admin = d, d.DB, d.Admin()
+	return nil
+}
+
 // newClusterWorld makes a scenario's database, vhost and key prefix on the
 // cluster's own servers; the instances reach them directly (every broker
 // node, the Sentinels), with no proxy.
@@ -167,17 +176,9 @@ func newClusterWorld(ctx context.Context, name string, c *cluster, binary, logDi
 			w.close()
 		}
 	}()
-	id := strings.ReplaceAll(name, "-", "_") + "_" + randHex(3)
-	w.dbName, w.vhost, w.prefix = "chaos_"+id, "chaos_"+id, "chaos:"+id+":"
-	w.dir = filepath.Join(logDir, name+"-"+id[len(id)-6:])
-	if err := os.MkdirAll(w.dir, 0o755); err != nil {
+	if err := w.setup(ctx, logDir, c.mysqlDSN()); err != nil {
 		return nil, err
 	}
-	d, err := sandbox.NewDatabase(ctx, c.mysqlDSN(), w.dbName, 8)
-	if err != nil {
-		return nil, err
-	}
-	w.database, w.db, w.admin = d, d.DB, d.Admin()
 	if err := c.addVhost(w.vhost); err != nil {
 		return w, err
 	}

@@ -1,7 +1,6 @@
 package listener_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
@@ -695,17 +693,10 @@ func TestCommitUnknownIsRequeuedAloneThenDuplicate(t *testing.T) {
 	e.declare()
 	e.seedAccount(81, "10.00")
 	e.seedOrder("CUK1", 81, "1.00")
-	cfg, err := mysql.ParseDSN(e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.NewProxy(t, cfg.Addr)
+	proxy, proxied := testenv.MySQLProxy(t, e.dsn)
 	var once atomic.Bool
-	proxy.BlackholeAfter(func(b []byte) bool {
-		return bytes.Contains(b, []byte("\x03COMMIT")) && once.CompareAndSwap(false, true)
-	})
-	cfg.Addr = proxy.Addr()
-	e.start(e.redisAddr, cfg.FormatDSN(), func(c *listener.Config) { c.HandleTimeout = 2 * time.Second })
+	proxy.BlackholeAfter(func(b []byte) bool { return testenv.IsCommit(b) && once.CompareAndSwap(false, true) })
+	e.start(e.redisAddr, proxied, func(c *listener.Config) { c.HandleTimeout = 2 * time.Second })
 	e.publish(body("CUK1", 81, "1.00"))
 	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["DUPLICATE"] == 1 }, "the redelivery was not a duplicate")
 	var requeued, dup map[string]any

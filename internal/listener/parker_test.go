@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/paysvc/paysvc/internal/deadletter"
@@ -152,13 +151,8 @@ func TestParkerWithBlackholedMySQL(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.declare()
-	cfg, err := mysql.ParseDSN(e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.NewProxy(t, cfg.Addr)
-	cfg.Addr = proxy.Addr()
-	db, err := sqldb.Open(context.Background(), cfg.FormatDSN(), 2)
+	proxy, proxied := testenv.MySQLProxy(t, e.dsn)
+	db, err := sqldb.Open(context.Background(), proxied, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

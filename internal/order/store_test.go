@@ -363,14 +363,9 @@ func TestPayOnABlackholedConnectionReleasesItsLocks(t *testing.T) {
 	t.Parallel()
 	dsn, db := testenv.MySQL(t)
 	seed(t, db, "BH1", 14, "1.00", "10.00")
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.NewProxy(t, cfg.Addr)
-	proxy.BlackholeWhen(func(b []byte) bool { return bytes.Contains(b, []byte("\x03COMMIT")) })
-	cfg.Addr = proxy.Addr()
-	dark, err := sqldb.OpenWith(context.Background(), cfg.FormatDSN(), sqldb.Options{MaxOpen: 2, IdleTransaction: 2 * time.Second})
+	proxy, proxied := testenv.MySQLProxy(t, dsn)
+	proxy.BlackholeWhen(testenv.IsCommit)
+	dark, err := sqldb.OpenWith(context.Background(), proxied, sqldb.Options{MaxOpen: 2, IdleTransaction: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package sqldb_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/paysvc/paysvc/internal/sqldb"
@@ -153,14 +151,9 @@ func TestIdleTransactionOfABlackholedClientEnds(t *testing.T) {
 	t.Parallel()
 	dsn, db := testenv.MySQL(t)
 	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 10.00)")
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.NewProxy(t, cfg.Addr)
-	proxy.BlackholeWhen(func(b []byte) bool { return bytes.Contains(b, []byte("\x03COMMIT")) })
-	cfg.Addr = proxy.Addr()
-	pool, err := sqldb.OpenWith(context.Background(), cfg.FormatDSN(), sqldb.Options{MaxOpen: 2, IdleTransaction: 2 * time.Second})
+	proxy, proxied := testenv.MySQLProxy(t, dsn)
+	proxy.BlackholeWhen(testenv.IsCommit)
+	pool, err := sqldb.OpenWith(context.Background(), proxied, sqldb.Options{MaxOpen: 2, IdleTransaction: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,13 @@
 package testenv
 
 import (
+	"bytes"
 	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // Proxy is a TCP proxy on loopback in front of a real server, so a test can
@@ -166,3 +169,19 @@ func (p *Proxy) copy(dst, src net.Conn, holed *atomic.Bool, fromClient bool) {
 		}
 	}
 }
+
+// MySQLProxy puts a Proxy before the server of dsn and returns it with the
+// same DSN pointed at it.
+func MySQLProxy(t testing.TB, dsn string) (*Proxy, string) {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := NewProxy(t, cfg.Addr)
+	cfg.Addr = p.Addr()
+	return p, cfg.FormatDSN()
+}
+
+// IsCommit matches a client chunk carrying a COMMIT statement (COM_QUERY).
+func IsCommit(toServer []byte) bool { return bytes.Contains(toServer, []byte("\x03COMMIT")) }
