@@ -37,16 +37,14 @@ func TestThreeInstancesCompetingConsumers(t *testing.T) {
 	}
 	testenvDeclare(t, w.amqpURL)
 	testenv.Publish(t, w.amqpURL, listener.MainQueue, msgs...)
-	var procs []*proc
-	for range 3 {
-		// Two workers paying alone each: slow enough that the victim still
-		// holds unacked messages when it is killed.
-		procs = append(procs, w.start(w.env("PAYSVC_AMQP_WORKERS=2", "PAYSVC_MYSQL_GROUPSIZE=1"), "run"))
-	}
-	// The victim holds unacked messages when it dies (the backlog is there
-	// from the start): the broker must give them to the others.
+	// Two workers paying alone each: slow enough that the backlog lasts.
+	start := func() *proc { return w.start(w.env("PAYSVC_AMQP_WORKERS=2", "PAYSVC_MYSQL_GROUPSIZE=1"), "run") }
+	// The victim starts first and holds unacked messages when it dies: the
+	// broker must give them to the others, which start meanwhile.
+	procs := []*proc{start()}
 	testenv.Eventually(t, 20*time.Second, func() bool { return w.unackedBy(procs[0]) > 0 },
 		"the instance to kill held no unacked message: the kill would prove nothing")
+	procs = append(procs, start(), start())
 	procs[0].cmd.Process.Signal(syscall.SIGKILL)
 	// Paid, and every copy settled: duplicates that met an in-flight claim
 	// wait in the wait queues before they are acked as duplicates.
