@@ -40,6 +40,7 @@ type options struct {
 	cpuProfile                   string
 	heapTrace                    bool
 	noPipeline                   bool
+	paysvcBinary                 string
 }
 
 func env(k, def string) string {
@@ -60,7 +61,8 @@ func main() {
 	flag.IntVar(&o.users, "users", 1000, "accounts")
 	flag.IntVar(&o.hotUsers, "hot-users", 10, "accounts in the hot-account run")
 	flag.Float64Var(&o.dup, "dup", 0.1, "share of payments published twice")
-	only := flag.String("only", "", "comma-separated phases: ceilings,grouped,default,article,hot,open")
+	only := flag.String("only", "", "comma-separated phases: compare,ceilings,grouped,default,article,hot,open")
+	flag.StringVar(&o.paysvcBinary, "paysvc", "bin/paysvc", "the paysvc binary the compare phase runs")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the default run here")
 	flag.BoolVar(&o.heapTrace, "heap-trace", false, "print the heap every 10% of a run (memory flatness over long runs)")
 	flag.IntVar(&o.defaults.workers, "workers", o.defaults.workers, "amqp.workers of the default run")
@@ -87,6 +89,11 @@ func main() {
 		os.Exit(1)
 	}
 
+	if want("compare") {
+		if err := compare(ctx, o, *rounds, row); err != nil {
+			fail(err)
+		}
+	}
 	var ceiling, txBest float64
 	if want("ceilings") {
 		for _, conc := range []int{16, 32, 64} {

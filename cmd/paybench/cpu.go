@@ -1,0 +1,83 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The server processes whose CPU a run is charged, by their command name,
+// read from /proc like the yardstick's sampler does.
+var servers = []string{"mariadbd", "beam.smp", "redis-server"}
+
+// clockTick is USER_HZ: /proc/*/stat counts CPU in these.
+const clockTick = 100
+
+// procCPU sums utime+stime of every process, by command name.
+func procCPU() map[string]time.Duration {
+	out := map[string]time.Duration{}
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		if name, cpu, ok := readStat(filepath.Join(d, "stat")); ok {
+			out[name] += cpu
+		}
+	}
+	return out
+}
+
+// pidCPU is one process's utime+stime.
+func pidCPU(pid int) time.Duration {
+	_, cpu, _ := readStat(fmt.Sprintf("/proc/%d/stat", pid))
+	return cpu
+}
+
+func readStat(path string) (string, time.Duration, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", 0, false
+	}
+	s := string(b)
+	open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || close < open {
+		return "", 0, false
+	}
+	f := strings.Fields(s[close+1:])
+	if len(f) < 13 {
+		return "", 0, false
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return s[open+1 : close], time.Duration(utime+stime) * time.Second / clockTick, true
+}
+
+// cpuCost is the CPU a run used per payment, by process.
+type cpuCost map[string]time.Duration
+
+// costSince returns the CPU per payment since before (a procCPU snapshot)
+// for the servers, and consumer as the consumer's own CPU.
+func costSince(before map[string]time.Duration, consumer time.Duration, payments int) cpuCost {
+	now := procCPU()
+	c := cpuCost{"consumer": consumer / time.Duration(payments)}
+	for _, s := range servers {
+		c[s] = (now[s] - before[s]) / time.Duration(payments)
+	}
+	return c
+}
+
+func (c cpuCost) total() time.Duration {
+	var t time.Duration
+	for _, d := range c {
+		t += d
+	}
+	return t
+}
+
+// String prints µs per payment: MariaDB, consumer, RabbitMQ, Redis, total.
+func (c cpuCost) String() string {
+	us := func(d time.Duration) int64 { return d.Microseconds() }
+	return fmt.Sprintf("CPU µs/payment: mariadb %d, consumer %d, rabbitmq %d, redis %d, total %d",
+		us(c["mariadbd"]), us(c["consumer"]), us(c["beam.smp"]), us(c["redis-server"]), us(c.total()))
+}

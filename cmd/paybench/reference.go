@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/paysvc/paysvc/internal/listener"
+)
+
+// reference is the consumer a team writes first, exactly as the
+// performance issue describes it, for paysvc to be measured against on the
+// same servers, messages and seed: one connection and one channel, a
+// prefetch window, N goroutines; per message a Redis SET NX EX on the order
+// number (present: ack, done), then one MySQL transaction with one
+// statement per round trip (interpolateParams=true): the INIT→PAID update,
+// the flow, the conditional balance update, COMMIT; then ack. On an error
+// the key is deleted and the message nacked with requeue. No retries, no
+// notices, no trace, no metrics. It is not paysvc's code and shares none.
+type reference struct {
+	workers, prefetch int
+	db                *sql.DB
+	rdb               *redis.Client
+	prefix            string
+}
+
+// referenceMessage is the payment as the reference decodes it: plainly.
+type referenceMessage struct {
+	OrderNo string      `json:"orderNo"`
+	UserID  int64       `json:"userId"`
+	Amount  json.Number `json:"amount"`
+}
+
+// runReference drains n messages from the bed's main queue with the
+// reference consumer; it returns when n have been acked (or ctx ends).
+func runReference(ctx context.Context, b *bed, o *options, workers, prefetch, n int) error {
+	cfg, err := mysql.ParseDSN(b.DSN)
+	if err != nil {
+		return err
+	}
+	cfg.InterpolateParams = true
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(workers)
+	db.SetMaxIdleConns(workers)
+	rdb := redis.NewClient(&redis.Options{Addr: o.redisAddr, PoolSize: workers})
+	defer rdb.Close()
+	r := &reference{workers: workers, prefetch: prefetch, db: db, rdb: rdb, prefix: b.prefix + "ref:"}
+
+	conn, err := amqp.Dial(b.amqpURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		return err
+	}
+	deliveries, err := ch.Consume(listener.MainQueue, "reference", false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	var mu sync.Mutex
+	acked := 0
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for d := range deliveries {
+				if r.handle(ctx, d) {
+					mu.Lock()
+					acked++
+					if acked == n {
+						close(done)
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	ch.Cancel("reference", false)
+	wg.Wait()
+	return ctx.Err()
+}
+
+// handle settles one delivery and reports whether it was acked.
+func (r *reference) handle(ctx context.Context, d amqp.Delivery) bool {
+	var m referenceMessage
+	if err := json.Unmarshal(d.Body, &m); err != nil {
+		d.Reject(false)
+		return false
+	}
+	key := r.prefix + m.OrderNo
+	fresh, err := r.rdb.SetNX(ctx, key, "1", 24*time.Hour).Result()
+	if err != nil {
+		d.Nack(false, true)
+		return false
+	}
+	if !fresh {
+		return d.Ack(false) == nil
+	}
+	if err := r.pay(ctx, m); err != nil {
+		r.rdb.Del(ctx, key)
+		d.Nack(false, true)
+		return false
+	}
+	return d.Ack(false) == nil
+}
+
+func (r *reference) pay(ctx context.Context, m referenceMessage) error {
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "UPDATE t_order SET status='PAID', pay_time=NOW(3) WHERE order_no=? AND status='INIT'",
+		m.OrderNo); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO t_account_flow (user_id, amount, biz_no, type, remark) VALUES (?, -?, ?, 'PAY_DEDUCT', '')",
+		m.UserID, string(m.Amount), m.OrderNo); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "UPDATE t_account SET balance=balance-? WHERE user_id=? AND balance>=?",
+		string(m.Amount), m.UserID, string(m.Amount)); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
