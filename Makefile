@@ -58,6 +58,7 @@ clean:
 # in the same run (a benchmark, not a test). Figures in README.
 BENCHFLAGS ?= -n 20000 -rounds 5
 bench: services
+	$(GO) build -o bin/paysvc ./cmd/paysvc
 	$(GO) build -o bin/paybench ./cmd/paybench
 	bin/paybench $(BENCHFLAGS)
 	$(GO) test -run XXX -bench . -benchmem ./internal/listener/ ./internal/money/
