@@ -18,11 +18,8 @@ var clusterScenarios = []scenario{
 	{name: "kill9-queue-leader", faults: "SIGKILL the node leading q.pay.success, restart it after 5s",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
 			c := w.cluster
-			if !at(ctx, 500*time.Millisecond) {
-				return 0, nil
-			}
-			leader, err := c.leader(w.vhost)
-			if err != nil {
+			leader, ok, err := w.leaderAfter(ctx, 500*time.Millisecond)
+			if !ok {
 				return 0, err
 			}
 			killed := time.Now()
@@ -47,11 +44,8 @@ var clusterScenarios = []scenario{
 	{name: "kill9-follower", faults: "SIGKILL a follower node of q.pay.success, restart it after 5s",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
 			c := w.cluster
-			if !at(ctx, 500*time.Millisecond) {
-				return 0, nil
-			}
-			leader, err := c.leader(w.vhost)
-			if err != nil {
+			leader, ok, err := w.leaderAfter(ctx, 500*time.Millisecond)
+			if !ok {
 				return 0, err
 			}
 			follower := (leader + 1) % len(c.nodes)
@@ -65,11 +59,8 @@ var clusterScenarios = []scenario{
 	{name: "kill-two-nodes", faults: "SIGKILL two nodes in turn: no majority for 8s, then one back, then the other",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
 			c := w.cluster
-			if !at(ctx, 500*time.Millisecond) {
-				return 0, nil
-			}
-			leader, err := c.leader(w.vhost)
-			if err != nil {
+			leader, ok, err := w.leaderAfter(ctx, 500*time.Millisecond)
+			if !ok {
 				return 0, err
 			}
 			second := (leader + 1) % len(c.nodes)
@@ -123,11 +114,8 @@ var clusterScenarios = []scenario{
 	{name: "mysql-restart-in-failover", faults: "SIGKILL the leader node and restart MySQL meanwhile",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
 			c := w.cluster
-			if !at(ctx, 500*time.Millisecond) {
-				return 0, nil
-			}
-			leader, err := c.leader(w.vhost)
-			if err != nil {
+			leader, ok, err := w.leaderAfter(ctx, 500*time.Millisecond)
+			if !ok {
 				return 0, err
 			}
 			c.killNode(leader)
@@ -144,4 +132,15 @@ var clusterScenarios = []scenario{
 		},
 		verify: all(handledAfterFault, atLeast(1, "pauses on MySQL", either(msg("consumption paused; waiting for the dependency"),
 			msg("dependency unavailable; not consuming"))))},
+}
+
+// leaderAfter waits d into the scenario (the load is flowing), then returns
+// the index of the node leading q.pay.success; ok is false when the suite
+// stops or there is no leader (err says so).
+func (w *world) leaderAfter(ctx context.Context, d time.Duration) (leader int, ok bool, err error) {
+	if !at(ctx, d) {
+		return 0, false, nil
+	}
+	leader, err = w.cluster.leader(w.vhost)
+	return leader, err == nil, err
 }

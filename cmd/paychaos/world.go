@@ -135,17 +135,22 @@ func newWorld(ctx context.Context, name string, srv servers, binary, logDir stri
 	if w.commitCut, err = newCommitCutter(w.mysqlProxy.Listen); err != nil {
 		return w, err
 	}
-	// Declare the topology up front so that publishing can start at once.
+	return w, w.declare()
+}
+
+// declare declares the topology up front, so that publishing can start
+// before the instances do.
+func (w *world) declare() error {
 	conn, err := broker.Dial(w.amqpURL, "paychaos", nil)
 	if err != nil {
-		return w, err
+		return err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
-		return w, err
+		return err
 	}
-	return w, listener.Declare(ch, w.delays)
+	return listener.Declare(ch, w.delays)
 }
 
 // setup names the world's database, vhost and key prefix, makes its log
@@ -184,16 +189,7 @@ func newClusterWorld(ctx context.Context, name string, c *cluster, binary, logDi
 	}
 	w.amqpURL = c.amqpURLs(w.vhost)
 	w.rdb = c.redisClient()
-	conn, err := broker.Dial(w.amqpURL, "paychaos", nil)
-	if err != nil {
-		return w, err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return w, err
-	}
-	return w, listener.Declare(ch, w.delays)
+	return w, w.declare()
 }
 
 func splitHostPort(amqpURL string) (string, error) {

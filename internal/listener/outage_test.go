@@ -2,7 +2,6 @@ package listener_test
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -50,11 +49,7 @@ func TestOutagesSpendNoDeliveryCount(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
 			redisProxy := testenv.NewProxy(t, e.redisAddr)
-			mysqlProxy := testenv.NewProxy(t, "127.0.0.1:3306")
-			dsn := strings.Replace(e.dsn, "127.0.0.1:3306", mysqlProxy.Addr(), 1)
-			if dsn == e.dsn {
-				t.Fatal("this test puts a proxy before 127.0.0.1:3306; PAYSVC_TEST_MYSQL_DSN points elsewhere")
-			}
+			mysqlProxy, dsn := testenv.MySQLProxy(t, e.dsn)
 			e.seedAccount(91, "100.00")
 			const n = 30
 			var msgs [][]byte
