@@ -277,17 +277,11 @@ var scenarios = []scenario{
 			at(ctx, 8*time.Second)
 			return 1, nil
 		},
-		verify: func(ctx context.Context, w *world, _ *workload) (bool, string) {
-			n := w.logCount(`"error_class":"lock_wait_timeout"`) + w.logCount(`"error_class":"timeout"`)
-			return n > 0, fmt.Sprintf("%d lock-wait or timeout outcomes logged", n)
-		}},
+		verify: atLeast(1, "lock-wait or timeout outcomes", either(class("lock_wait_timeout"), class("timeout")))},
 	{name: "mysql-blackholed", faults: "MySQL traffic black-holed 4s (no FIN, no reset)",
 		inject: withToxic(nil, "timeout", "upstream", `{"timeout":0}`, 200*time.Millisecond, 4*time.Second),
-		verify: func(ctx context.Context, w *world, _ *workload) (bool, string) {
-			n := w.logCount(`"msg":"consumption paused; waiting for the dependency"`) +
-				w.logCount(`"msg":"dependency unavailable; not consuming"`) + w.logCount(`"result":"REQUEUE"`)
-			return n > 0, fmt.Sprintf("%d pauses or requeues logged", n)
-		}},
+		verify: atLeast(1, "pauses or requeues", either(msg("consumption paused; waiting for the dependency"),
+			msg("dependency unavailable; not consuming"), handled("REQUEUE")))},
 	{name: "oversized-headers", faults: "terminal messages carry a 70 KB header (larger than its column)",
 		shape: func(wl *workload) {
 			wl.headers = map[string]amqp.Table{}

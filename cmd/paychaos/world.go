@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -447,24 +446,6 @@ func (w *world) stopAll(within time.Duration) (clean bool) {
 	return clean
 }
 
-// logCount counts the lines of every instance's log that contain s.
-func (w *world) logCount(s string) int {
-	n := 0
-	w.mu.Lock()
-	paths := make([]string, 0, len(w.instances))
-	for _, in := range w.instances {
-		paths = append(paths, in.logPath)
-	}
-	w.mu.Unlock()
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err == nil {
-			n += strings.Count(string(b), s)
-		}
-	}
-	return n
-}
-
 // hit records n hits of the scenario's fault.
 func (w *world) hit(n int) {
 	w.mu.Lock()
@@ -499,27 +480,10 @@ func (w *world) restarts() int {
 // outcomes counts "message handled" results over every instance's log.
 func (w *world) outcomes() map[string]int {
 	n := map[string]int{}
-	w.mu.Lock()
-	ins := append([]*instance{}, w.instances...)
-	w.mu.Unlock()
-	for _, in := range ins {
-		f, err := os.Open(in.logPath)
-		if err != nil {
-			continue
+	for _, e := range w.entries() {
+		if e.str("msg") == "message handled" {
+			n[e.str("result")]++
 		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			if !strings.Contains(line, `"msg":"message handled"`) {
-				continue
-			}
-			if i := strings.Index(line, `"result":"`); i >= 0 {
-				r := line[i+10:]
-				n[r[:strings.Index(r, `"`)]]++
-			}
-		}
-		f.Close()
 	}
 	return n
 }
