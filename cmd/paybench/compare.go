@@ -23,6 +23,7 @@ type measured struct {
 	payments, msgs int
 	rate           float64 // messages per second
 	cost           cpuCost
+	db             string // MariaDB's counters per payment
 }
 
 // preloaded makes a bed with n fresh orders and their messages (a share
@@ -59,6 +60,7 @@ func measureReference(ctx context.Context, o *options, workers, prefetch, n int)
 		return measured{}, err
 	}
 	defer b.close()
+	status0 := dbStatus(ctx, b.DB)
 	before, self0, start := procCPU(), pidCPU(os.Getpid()), time.Now()
 	rctx, cancel := context.WithTimeout(ctx, time.Duration(msgs/20+60)*time.Second)
 	defer cancel()
@@ -67,7 +69,7 @@ func measureReference(ctx context.Context, o *options, workers, prefetch, n int)
 	}
 	elapsed := time.Since(start)
 	m := measured{payments: n, msgs: msgs, rate: float64(msgs) / elapsed.Seconds(),
-		cost: costSince(before, pidCPU(os.Getpid())-self0, n)}
+		cost: costSince(before, pidCPU(os.Getpid())-self0, n), db: dbPerPayment(status0, dbStatus(ctx, b.DB), n)}
 	var paid int
 	b.DB.GetContext(ctx, &paid, "SELECT COUNT(*) FROM t_order WHERE status = 'PAID'")
 	if paid != n {
@@ -108,6 +110,7 @@ func measureDaemon(ctx context.Context, o *options, n int, extraEnv ...string) (
 		"PAYSVC_HTTP_ADDR=" + httpAddr,
 	}, extraEnv...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	status0 := dbStatus(ctx, b.DB)
 	before, start := procCPU(), time.Now()
 	if err := cmd.Start(); err != nil {
 		return measured{}, fmt.Errorf("start %s: %w", o.paysvcBinary, err)
@@ -132,7 +135,7 @@ func measureDaemon(ctx context.Context, o *options, n int, extraEnv ...string) (
 	}
 	elapsed := time.Since(start)
 	m := measured{payments: n, msgs: msgs, rate: float64(msgs) / elapsed.Seconds(),
-		cost: costSince(before, pidCPU(cmd.Process.Pid), n)}
+		cost: costSince(before, pidCPU(cmd.Process.Pid), n), db: dbPerPayment(status0, dbStatus(ctx, b.DB), n)}
 	var paid int
 	b.DB.GetContext(ctx, &paid, "SELECT COUNT(*) FROM t_order WHERE status = 'PAID'")
 	if paid != n {
@@ -177,17 +180,17 @@ func compare(ctx context.Context, o *options, rounds int, row func(string, float
 		if err != nil {
 			return err
 		}
-		row(fmt.Sprintf("round %d: reference consumer (32 goroutines, prefetch 200), %d msgs", i, ref.msgs), ref.rate, ref.cost.String())
+		row(fmt.Sprintf("round %d: reference consumer (32 goroutines, prefetch 200), %d msgs", i, ref.msgs), ref.rate, ref.cost.String()+"; "+ref.db)
 		psv, err := measureDaemon(ctx, o, o.n)
 		if err != nil {
 			return err
 		}
-		row(fmt.Sprintf("round %d: paysvc daemon, defaults, %d msgs", i, psv.msgs), psv.rate, psv.cost.String())
+		row(fmt.Sprintf("round %d: paysvc daemon, defaults, %d msgs", i, psv.msgs), psv.rate, psv.cost.String()+"; "+psv.db)
 		art, err := measureReference(ctx, o, 1, 10, o.n/4)
 		if err != nil {
 			return err
 		}
-		row(fmt.Sprintf("round %d: reference at the article's config (1 goroutine, prefetch 10), %d msgs", i, art.msgs), art.rate, art.cost.String())
+		row(fmt.Sprintf("round %d: reference at the article's config (1 goroutine, prefetch 10), %d msgs", i, art.msgs), art.rate, art.cost.String()+"; "+art.db)
 		r := []float64{psv.rate / ref.rate, psv.rate / art.rate,
 			float64(psv.cost["mariadbd"]) / float64(ref.cost["mariadbd"]), float64(psv.cost.total()) / float64(ref.cost.total())}
 		vsRef, vsArticle, dbRatio, totalRatio = append(vsRef, r[0]), append(vsArticle, r[1]), append(dbRatio, r[2]), append(totalRatio, r[3])

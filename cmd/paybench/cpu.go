@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jmoiron/sqlx"
 )
 
 // The server processes whose CPU a run is charged, by their command name,
@@ -80,4 +83,37 @@ func (c cpuCost) String() string {
 	us := func(d time.Duration) int64 { return d.Microseconds() }
 	return fmt.Sprintf("CPU µs/payment: mariadb %d, consumer %d, rabbitmq %d, redis %d, total %d",
 		us(c["mariadbd"]), us(c["consumer"]), us(c["beam.smp"]), us(c["redis-server"]), us(c.total()))
+}
+
+// dbCounters are MariaDB's global counters a run is charged per payment:
+// what the server was asked to do, next to what it cost.
+var dbCounters = []string{"Questions", "Com_commit", "Handler_write", "Handler_update", "Handler_read_key", "Handler_read_next", "Innodb_data_fsyncs"}
+
+// dbStatus reads dbCounters (a failed read gives zeros: the figures are
+// context, not the measurement).
+func dbStatus(ctx context.Context, db *sqlx.DB) map[string]int64 {
+	out := map[string]int64{}
+	rows, err := db.QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name IN ('"+strings.Join(dbCounters, "','")+"')")
+	if err != nil {
+		return out
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		var v int64
+		if rows.Scan(&k, &v) == nil {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// dbPerPayment prints the counters' growth since before, per payment.
+func dbPerPayment(before, after map[string]int64, payments int) string {
+	var b strings.Builder
+	b.WriteString("MariaDB per payment:")
+	for _, k := range dbCounters {
+		fmt.Fprintf(&b, " %s %.2f", strings.TrimPrefix(strings.TrimPrefix(strings.TrimPrefix(k, "Innodb_"), "Com_"), "Handler_"), float64(after[k]-before[k])/float64(payments))
+	}
+	return b.String()
 }

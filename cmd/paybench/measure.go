@@ -32,14 +32,14 @@ import (
 
 // mysqlCeiling runs the payment transaction from plain Go at concurrency conc
 // over n fresh orders: one statement per round trip as a plain program writes
-// it (order.PayTx in a transaction), or, chained, paysvc's own order.Store.Pay.
+// it (plainPay in a transaction), or, chained, paysvc's own order.Store.Pay.
 func mysqlCeiling(ctx context.Context, o *options, conc, n int, chained bool) (float64, error) {
 	return parallelPayments(ctx, o, fmt.Sprintf("tx%d", conc), conc, n, 1, func(db *sqlx.DB, batch []payment) error {
 		pay := batch[0].payment()
 		if chained {
 			return order.NewStore(db).Pay(ctx, pay)
 		}
-		return sqldb.InTx(ctx, db, func(tx *sqldb.Tx) error { return order.PayTx(ctx, tx, pay) })
+		return sqldb.InTx(ctx, db, func(tx *sqldb.Tx) error { return plainPay(ctx, tx, pay) })
 	})
 }
 
@@ -57,7 +57,7 @@ func groupedCeiling(ctx context.Context, o *options, conc, group, n int) (float6
 		for attempt := 0; attempt < 5; attempt++ {
 			err = sqldb.InTx(ctx, db, func(tx *sqldb.Tx) error {
 				for _, p := range batch {
-					if err := order.PayTx(ctx, tx, p.payment()); err != nil {
+					if err := plainPay(ctx, tx, p.payment()); err != nil {
 						return err
 					}
 				}

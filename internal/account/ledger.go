@@ -31,50 +31,6 @@ var (
 	ErrNoAccount = errors.New("account: not found")
 )
 
-// Deduct books a PAY_DEDUCT flow of -amount for bizNo and takes amount from
-// the user's balance, only if the balance covers it. It must run inside the
-// caller's transaction: on any error the caller rolls back, since the flow
-// row may already be inserted.
-func Deduct(ctx context.Context, tx interface {
-	sqlx.ExecerContext
-	sqlx.QueryerContext
-}, userID int64, amount money.Cents, bizNo string) error {
-	_, err := tx.ExecContext(ctx,
-		`INSERT INTO t_account_flow (user_id, amount, biz_no, type, remark)
-		 VALUES (?, CAST(? AS DECIMAL(18,2)), ?, ?, ?)`,
-		userID, -amount, bizNo, TypePayDeduct, "payment "+bizNo)
-	if sqldb.IsDuplicateKey(err) {
-		return fmt.Errorf("deduct %s: %w", bizNo, ErrDuplicateFlow)
-	}
-	if err != nil {
-		return fmt.Errorf("deduct %s: insert flow: %w", bizNo, err)
-	}
-	// CAST keeps the arithmetic in DECIMAL: a string parameter would make
-	// MySQL compare and subtract in double precision.
-	res, err := tx.ExecContext(ctx,
-		`UPDATE t_account SET balance = balance - CAST(? AS DECIMAL(18,2))
-		 WHERE user_id = ? AND balance >= CAST(? AS DECIMAL(18,2))`,
-		amount, userID, amount)
-	if err != nil {
-		return fmt.Errorf("deduct %s: update balance: %w", bizNo, err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return fmt.Errorf("deduct %s: %w", bizNo, err)
-	} else if n == 1 {
-		return nil
-	}
-	var exists int
-	err = sqlx.GetContext(ctx, tx, &exists, "SELECT COUNT(*) FROM t_account WHERE user_id = ?", userID)
-	switch {
-	case err != nil:
-		return fmt.Errorf("deduct %s: read account: %w", bizNo, err)
-	case exists == 0:
-		return fmt.Errorf("deduct %s: user %d: %w", bizNo, userID, ErrNoAccount)
-	default:
-		return fmt.Errorf("deduct %s: user %d, amount %s: %w", bizNo, userID, amount, ErrInsufficientBalance)
-	}
-}
-
 // Balance reads a user's balance (ErrNoAccount if there is no account).
 func Balance(ctx context.Context, q sqlx.QueryerContext, userID int64) (money.Cents, error) {
 	var b money.Cents

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -24,9 +26,10 @@ type script struct {
 	counts    []int64
 	commitErr error
 
-	mu     sync.Mutex
-	sent   []string
-	closed int
+	mu      sync.Mutex
+	sent    []string
+	queries []string
+	closed  int
 }
 
 func (s *script) Connect(context.Context) (driver.Conn, error) { return &scriptConn{s}, nil }
@@ -57,6 +60,7 @@ func (c *scriptConn) ExecContext(_ context.Context, q string, _ []driver.NamedVa
 	word := strings.Fields(q)[0]
 	c.s.mu.Lock()
 	c.s.sent = append(c.s.sent, word)
+	c.s.queries = append(c.s.queries, q)
 	c.s.mu.Unlock()
 	switch word {
 	case "START":
@@ -87,7 +91,7 @@ func scripted(s *script) *order.Store {
 func TestPayGroupRefusesAMiscountedAnswer(t *testing.T) {
 	t.Parallel()
 	ps := []order.Payment{pay("M1", 1, 100), pay("M2", 2, 100)}
-	for _, n := range []int{1 + 4*len(ps) - 1, 1 + 4*len(ps) + 1} {
+	for _, n := range []int{1 + 4 - 1, 1 + 4 + 1} { // START TRANSACTION and four statements
 		all := make([]int64, n)
 		for i := range all {
 			all[i] = 1
@@ -112,7 +116,7 @@ func TestPayGroupRefusesAMiscountedAnswer(t *testing.T) {
 // connection, whose state is unknown too, is discarded.
 func TestPayGroupDiscardsTheConnectionAfterAFailedCommit(t *testing.T) {
 	t.Parallel()
-	s := &script{counts: []int64{0, 1, 1, 1, 1, 1, 1, 1, 1}, commitErr: &mysql.MySQLError{Number: 1180, Message: "got error during COMMIT"}}
+	s := &script{counts: []int64{0, 2, 2, 2, 2}, commitErr: &mysql.MySQLError{Number: 1180, Message: "got error during COMMIT"}}
 	applied, err := order.PayGroup(scripted(s), context.Background(), []order.Payment{pay("K1", 1, 100), pay("K2", 2, 100)})
 	if !errors.Is(err, sqldb.ErrCommitUnknown) || len(applied) != 2 || !applied[0] || !applied[1] {
 		t.Fatalf("payGroup = %v, %v; want both in an unknown COMMIT", applied, err)
@@ -121,5 +125,41 @@ func TestPayGroupDiscardsTheConnectionAfterAFailedCommit(t *testing.T) {
 	defer s.mu.Unlock()
 	if s.closed != 1 {
 		t.Fatalf("connection closed %d times, want 1 (discarded, not pooled)", s.closed)
+	}
+}
+
+// A group costs the same statements whatever its size: START TRANSACTION
+// and four statements in one round trip (orders, flows, balances, notices),
+// then COMMIT, and commits only with every count what it must be (an order,
+// a flow and a notice per payment, an account per user).
+func TestPayGroupSendsFourStatementsWhateverItsSize(t *testing.T) {
+	t.Parallel()
+	var ps []order.Payment
+	for i := range 10 {
+		ps = append(ps, pay(fmt.Sprintf("S%02d", i), int64(i%3+1), 100))
+	}
+	s := &script{counts: []int64{0, 10, 10, 3, 10}}
+	applied, err := order.PayGroup(scripted(s), context.Background(), ps)
+	if err != nil || slices.Contains(applied, false) {
+		t.Fatalf("payGroup = %v, %v; want all applied", applied, err)
+	}
+	if sent := s.log(); strings.Join(sent, " ") != "START COMMIT" {
+		t.Fatalf("sent %v, want START then COMMIT", sent)
+	}
+	s.mu.Lock()
+	q := s.queries[0]
+	s.mu.Unlock()
+	if n := strings.Count(q, ";\n"); n != 4 {
+		t.Fatalf("%d statements after START TRANSACTION, want 4:\n%s", n, q)
+	}
+	for _, c := range [][]int64{{0, 9, 10, 3, 10}, {0, 10, 10, 2, 10}, {0, 10, 10, 3, 9}} {
+		s := &script{counts: c}
+		applied, err := order.PayGroup(scripted(s), context.Background(), ps)
+		if slices.Contains(applied, true) {
+			t.Errorf("counts %v: applied %v, %v", c, applied, err)
+		}
+		if sent := s.log(); sent[len(sent)-1] == "COMMIT" || !slices.Contains(sent, "ROLLBACK") {
+			t.Errorf("counts %v: sent %v, want a ROLLBACK and no COMMIT", c, sent)
+		}
 	}
 }

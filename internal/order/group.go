@@ -1,20 +1,14 @@
 package order
 
 import (
-	"cmp"
 	"context"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/paysvc/paysvc/internal/batch"
-	"github.com/paysvc/paysvc/internal/fault"
 	"github.com/paysvc/paysvc/internal/sqldb"
 )
 
@@ -24,8 +18,9 @@ import (
 // transaction the database can run.
 //
 // Grouping never decides a payment's fate on its own. A group commits only
-// the payments whose four statements each changed exactly one row; every
-// other payment, and every payment of a group that failed before COMMIT, is
+// as a set whose four statements each changed exactly the rows its payments
+// must (write.go): the whole group, or the payments a read finds payable,
+// once. Every other payment, and every payment of a group that failed before COMMIT, is
 // run alone through Store.Pay, the path paysvc takes without grouping, which
 // reads the order and says why. So Grouper.Pay returns what Store.Pay would:
 // nil (applied by this call), an error wrapping sqldb.ErrCommitUnknown (the
@@ -105,15 +100,9 @@ func (g *Grouper) commit(reqs []*request) {
 // error before COMMIT (a lock wait timeout among them: one locked row must
 // not hold the others twice), each payment runs alone.
 func (g *Grouper) run(reqs []*request) {
-	// Every group takes its rows in the same order, by user then order
-	// number (each chain locks its order row, then the user's account), so
-	// two groups cannot wait on each other in a cycle. The group's deadline
-	// is the earliest of its payments': a payment close to its own deadline
-	// cuts the group short, and every payment then runs alone or, if COMMIT
-	// was cut, is requeued.
-	slices.SortFunc(reqs, func(a, b *request) int {
-		return cmp.Or(cmp.Compare(a.p.UserID, b.p.UserID), strings.Compare(a.p.OrderNo, b.p.OrderNo))
-	})
+	// The group's deadline is the earliest of its payments': a payment close
+	// to its own deadline cuts the group short, and every payment then runs
+	// alone or, if COMMIT was cut, is requeued.
 	ctx, cancel := batch.Context(reqs, func(r *request) context.Context { return r.ctx })
 	defer cancel()
 	ps := make([]Payment, len(reqs))
@@ -150,90 +139,55 @@ func (g *Grouper) run(reqs []*request) {
 	}
 }
 
-// payGroup runs ps's chains in one transaction on one connection and
-// commits the payments whose statements each changed one row. A payment
-// whose CAS changed nothing left nothing changed and stays out; if one
-// changed some rows but not all, the transaction is rolled back and run
-// again without it. applied[i] says whether ps[i] was in the committed
-// transaction. On an error wrapping sqldb.ErrCommitUnknown, the applied
-// ones may or may not be committed; on any other error nothing is.
+// payGroup applies what it can prove of ps as sets (write.go): first the
+// whole group, taken in lock order with each order number once; if that set
+// is not whole, the payments a plain read finds payable, once. applied[i]
+// says whether ps[i] was in the committed set; the others are for the
+// single path. On an error wrapping sqldb.ErrCommitUnknown the applied ones
+// may or may not be committed; on any other error nothing is.
 func (s *Store) payGroup(ctx context.Context, ps []Payment) (applied []bool, err error) {
-	conn, err := s.db.Conn(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("connection: %w", err)
-	}
-	defer conn.Close()
-	now := time.Now()
-	in := make([]int, len(ps)) // the payments in the next try
-	for i := range in {
-		in[i] = i
-	}
 	applied = make([]bool, len(ps))
-	var opErr error
-	rawErr := conn.Raw(func(dc any) error {
-		ex := dc.(driver.ExecerContext)
-		rollback := func() error { return rollbackOn(ctx, ex) }
-		for len(in) > 0 {
-			var q strings.Builder
-			q.WriteString("START TRANSACTION")
-			args := make([]driver.NamedValue, 0, 13*len(in))
-			for _, i := range in {
-				q.WriteString(";\n")
-				q.WriteString(chainBody)
-				args = chainArgs(args, ps[i], now)
-			}
-			res, err := ex.ExecContext(ctx, q.String(), args)
-			if err != nil {
-				opErr = err
-				return rollback()
-			}
-			counts := res.(mysql.Result).AllRowsAffected() // START TRANSACTION, then 4 per payment
-			if len(counts) != 1+4*len(in) {
-				opErr = fmt.Errorf("payment group: %d results, want %d", len(counts), 1+4*len(in))
-				return rollback()
-			}
-			var whole []int
-			partial := false
-			for k, i := range in {
-				c := counts[1+4*k : 5+4*k]
-				switch {
-				case c[0] == 1 && c[1] == 1 && c[2] == 1 && c[3] == 1:
-					whole = append(whole, i)
-				case c[0] != 0 || c[1] != 0 || c[2] != 0 || c[3] != 0:
-					partial = true
-				}
-			}
-			if partial {
-				// Undo all and try again with the whole ones only.
-				if err := rollback(); err != nil {
-					opErr = errors.New("payment group: rollback failed")
-					return err
-				}
-				in = whole
-				continue
-			}
-			if len(whole) == 0 {
-				return rollback()
-			}
-			fault.Point("mid_transaction")
-			for _, i := range whole {
-				applied[i] = true
-			}
-			if _, err := ex.ExecContext(ctx, "COMMIT", nil); err != nil {
-				opErr = fmt.Errorf("%w: %w", sqldb.ErrCommitUnknown, err)
-				return driver.ErrBadConn
-			}
-			return nil
-		}
-		return nil
-	})
-	switch {
-	case opErr != nil && errors.Is(opErr, sqldb.ErrCommitUnknown):
-		return applied, opErr
-	case opErr != nil:
-		return make([]bool, len(ps)), opErr
-	case rawErr != nil:
-		return make([]bool, len(ps)), rawErr
+	order := make([]int, 0, len(ps)) // indexes into ps, in lock order, each order number once
+	for i := range ps {
+		order = append(order, i)
 	}
-	return applied, nil
+	slices.SortStableFunc(order, func(a, b int) int { return lockOrder(ps[a], ps[b]) })
+	order = slices.CompactFunc(order, func(a, b int) bool { return ps[a].OrderNo == ps[b].OrderNo })
+	set := make([]Payment, len(order))
+	for k, i := range order {
+		set[k] = ps[i]
+	}
+	mark := func(set []Payment) {
+		k := 0
+		for _, i := range order {
+			if k < len(set) && ps[i] == set[k] {
+				applied[i] = true
+				k++
+			}
+		}
+	}
+	for try := 1; ; try++ {
+		committed, err := s.paySet(ctx, set)
+		switch {
+		case committed:
+			mark(set)
+			return applied, err // nil, or the COMMIT's unknown outcome
+		case err != nil && !sqldb.IsDuplicateKey(err):
+			return applied, err
+		case try == 2:
+			return applied, nil
+		}
+		// A statement changed other rows than it must, or a flow was booked
+		// already: read which payments are payable and try those once.
+		can, rerr := s.payable(ctx, set)
+		switch {
+		case rerr != nil:
+			return applied, rerr
+		case len(can) == 0:
+			return applied, nil
+		case len(can) == len(set):
+			return applied, err // nothing to take out: each runs alone
+		}
+		set = can
+	}
 }

@@ -78,6 +78,37 @@ func TestPayGroupCommitsOnlyWholePayments(t *testing.T) {
 	}
 }
 
+// A group takes each user's payments as one sum: a balance that covers
+// each payment alone but not their sum commits the ones it covers, in lock
+// order, and leaves the rest for the single path.
+func TestPayGroupDeductsEachUsersSum(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	seed(t, db, "H1", 1, "10.00", "25.00")
+	seed(t, db, "H2", 1, "20.00", "25.00")
+	seed(t, db, "H3", 2, "5.00", "5.00")
+	store := order.NewStore(db)
+	applied, err := order.PayGroup(store, context.Background(), []order.Payment{pay("H2", 1, 2000), pay("H3", 2, 500), pay("H1", 1, 1000)})
+	if err != nil {
+		t.Fatalf("payGroup: %v", err)
+	}
+	if want := []bool{false, true, true}; !slices.Equal(applied, want) {
+		t.Fatalf("applied %v, want %v (H2 H3 H1)", applied, want)
+	}
+	if got, want := read(t, db, "H1", 1), (state{order.Paid, 1500, 1, -1000}); got != want {
+		t.Errorf("H1: %+v, want %+v", got, want)
+	}
+	if got, want := read(t, db, "H3", 2), (state{order.Paid, 0, 1, -500}); got != want {
+		t.Errorf("H3: %+v, want %+v", got, want)
+	}
+	if err := store.Pay(context.Background(), pay("H2", 1, 2000)); !errors.Is(err, account.ErrInsufficientBalance) {
+		t.Errorf("H2 alone: %v, want ErrInsufficientBalance", err)
+	}
+	if got, want := read(t, db, "H2", 1), (state{order.Init, 1500, 0, 0}); got != want {
+		t.Errorf("H2: %+v, want %+v", got, want)
+	}
+}
+
 // An error in the middle of a group (a flow already there for an unpaid
 // order, as a legacy path could leave it) rolls the whole group back: the
 // other payment is not applied either, and nothing says it was.
@@ -149,7 +180,7 @@ func together(t *testing.T, db *sqlx.DB, store *order.Store, size int, ps []orde
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		var waits int
 		err := db.Get(&waits, `SELECT COUNT(*) FROM information_schema.processlist
-			WHERE db = DATABASE() AND info LIKE 'UPDATE t_account SET balance%user_id = 999%'`)
+			WHERE db = DATABASE() AND info LIKE 'UPDATE t_account SET balance%999%'`)
 		return err == nil && waits == 1
 	}, "the committer waits on the locked account")
 	errs := make([]error, len(ps))

@@ -10,10 +10,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/paysvc/paysvc/internal/account"
-	"github.com/paysvc/paysvc/internal/fault"
 	"github.com/paysvc/paysvc/internal/money"
-	"github.com/paysvc/paysvc/internal/outbox"
 	"github.com/paysvc/paysvc/internal/sqldb"
 )
 
@@ -40,7 +37,7 @@ func NewStore(db *sqlx.DB) *Store { return &Store{db: db, Attempts: 3} }
 
 // Pay applies p exactly once, in one transaction: order INIT→PAID, a
 // PAY_DEDUCT flow, the balance deduction, and the payment-success notice in
-// the outbox, sent as one chained round trip plus COMMIT (chain.go).
+// the outbox, sent as one round trip plus COMMIT (write.go, a set of one).
 //
 // It returns nil when this call applied the payment, and otherwise:
 // ErrAlreadyPaid or account.ErrDuplicateFlow (a duplicate: ack),
@@ -53,7 +50,7 @@ func NewStore(db *sqlx.DB) *Store { return &Store{db: db, Attempts: 3} }
 func (s *Store) Pay(ctx context.Context, p Payment) error {
 	var err error
 	for attempt := 1; ; attempt++ {
-		err = s.payChained(ctx, p)
+		err = s.payAlone(ctx, p)
 		if err == nil || !sqldb.Transient(err) || attempt >= s.Attempts {
 			break
 		}
@@ -79,39 +76,6 @@ func (s *Store) retried(err error) {
 	if s.OnRetry != nil {
 		s.OnRetry(err)
 	}
-}
-
-// PayTx runs one payment's statements one round trip each inside the
-// caller's transaction, with the errors Pay returns (except
-// ErrCommitUnknown: the caller commits). paybench measures the plain
-// transaction and grouping with it; Pay is the path paysvc uses.
-func PayTx(ctx context.Context, tx *sqldb.Tx, p Payment) error { return pay(ctx, tx, p) }
-
-func pay(ctx context.Context, tx *sqldb.Tx, p Payment) error {
-	res, err := tx.ExecContext(ctx,
-		`UPDATE t_order SET status = 'PAID', pay_time = CURRENT_TIMESTAMP(3)
-		 WHERE order_no = ? AND status = 'INIT' AND user_id = ? AND amount = CAST(? AS DECIMAL(18,2))`,
-		p.OrderNo, p.UserID, p.Amount)
-	if err != nil {
-		return fmt.Errorf("mark paid: %w", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("mark paid: %w", err)
-	}
-	if n == 0 {
-		if err := check(ctx, tx, p); err != nil {
-			return err
-		}
-		return errors.New("order changed during payment")
-	}
-	fault.Point("mid_transaction")
-	if err := account.Deduct(ctx, tx, p.UserID, p.Amount, p.OrderNo); err != nil {
-		return err
-	}
-	// The notice rides in the same transaction and is published later: its
-	// failure can never undo or repeat the charge.
-	return outbox.AddPaymentSucceeded(ctx, tx, p.OrderNo, p.UserID, p.Amount, time.Now())
 }
 
 // Check reads the order and says whether p could be applied to it now,

@@ -99,17 +99,22 @@ func TestDeductUniqueIndexRefusesSecondFlow(t *testing.T) {
 	_, db := testenv.MySQL(t)
 	ctx := context.Background()
 	seed(t, db, "P3", 7, "10.00", "100.00")
-	deduct := func() error {
-		return sqldb.InTx(ctx, db, func(tx *sqldb.Tx) error { return account.Deduct(ctx, tx, 7, 1000, "P3") })
+	flow := func() error {
+		_, err := db.ExecContext(ctx, "INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES (7, -10.00, 'P3', 'PAY_DEDUCT')")
+		return err
 	}
-	if err := deduct(); err != nil {
+	if err := flow(); err != nil {
 		t.Fatal(err)
 	}
-	if err := deduct(); !errors.Is(err, account.ErrDuplicateFlow) {
-		t.Fatalf("second Deduct: %v, want ErrDuplicateFlow", err)
+	if err := flow(); !sqldb.IsDuplicateKey(err) {
+		t.Fatalf("second flow: %v, want a duplicate key error", err)
 	}
-	if got := read(t, db, "P3", 7); got.Flows != 1 || got.Balance != 9000 {
-		t.Fatalf("got %+v, want one flow and balance 90.00", got)
+	if got := read(t, db, "P3", 7); got.Flows != 1 {
+		t.Fatalf("got %+v, want one flow", got)
+	}
+	// Through Pay, with the order still INIT, the index alone refuses it.
+	if err := order.NewStore(db).Pay(ctx, pay("P3", 7, 1000)); !errors.Is(err, account.ErrDuplicateFlow) {
+		t.Fatalf("Pay with the flow booked and the order INIT: %v, want ErrDuplicateFlow", err)
 	}
 }
 

@@ -125,7 +125,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context, pub *broker.Publisher) (i
 	err := sqldb.InTx(ctx, d.DB, func(tx *sqldb.Tx) error {
 		err := tx.SelectContext(ctx, &rows, `SELECT id, biz_no, payload, attempts FROM t_outbox
 			WHERE status = 'PENDING' AND next_attempt_at <= CURRENT_TIMESTAMP(3)
-			ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`, min(d.Batch, broker.MaxBatch))
+			ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED`, min(d.Batch, broker.MaxBatch))
 		if err != nil || len(rows) == 0 {
 			return err
 		}
