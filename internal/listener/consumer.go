@@ -272,12 +272,14 @@ func (c *Consumer) session(ctx context.Context) error {
 	defer endSession()
 	work := make(chan amqp.Delivery)
 	pause := make(chan error, 1)
+	acks := newCoalescer(ch) // the workers' acks, coalesced (ack.go)
 	var wg sync.WaitGroup
 	for range c.cfg.Workers {
 		wg.Go(func() {
 			pub := broker.NewPublisher(conn, c.cfg.PublishTimeout)
 			defer pub.Close()
 			for d := range work {
+				d.Acknowledger = acks
 				c.process(procCtx, sessCtx, pub, d, pause)
 			}
 		})
@@ -315,9 +317,12 @@ func (c *Consumer) session(ctx context.Context) error {
 			c.log.Error("workers did not stop after the drain timeout; closing the connection under them")
 		}
 	}
-	// Prefetched messages no worker started are still unacked: closing the
-	// channel puts them back on the queue. A blocked broker may never answer
-	// the close: bound the wait (the deferred conn.Close is bounded too).
+	// The acks still held go out before the channel closes (bounded: a
+	// blocked connection may not take them). Prefetched messages no worker
+	// started are still unacked: closing the channel puts them back on the
+	// queue. A blocked broker may never answer the close: bound the wait
+	// (the deferred conn.Close is bounded too).
+	closeWithin(5*time.Second, acks.Close)
 	closeWithin(5*time.Second, func() { ch.Close() })
 	c.log.Debug("session torn down", zap.Duration("duration", time.Since(teardown)), zap.NamedError("error", reason))
 	return reason

@@ -1,0 +1,201 @@
+package listener
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ackDelay is how long an ack waits for the deliveries before it to be
+// settled, so that one basic.ack with multiple=true settles them all; after
+// it the ack is sent alone. Short: an unsent ack holds a prefetch slot.
+const ackDelay = 2 * time.Millisecond
+
+// coalescer is the Acknowledger of one channel's deliveries. Workers settle
+// deliveries out of order; the coalescer writes the channel's settlements
+// from one goroutine and, where the acked deliveries are contiguous from
+// the lowest unsettled delivery tag, acks them with one frame
+// (multiple=true). A multiple ack never reaches past a delivery still in a
+// worker's hands: it names the highest tag of a contiguous run of settled
+// deliveries. Nacks and rejects go at once, alone, and in order with the
+// acks around them. Ack returns before the frame is written: a lost ack is a
+// redelivery, which the guards answer as a duplicate.
+type coalescer struct {
+	ch   amqp.Acknowledger
+	reqs chan settlement
+	done chan struct{}
+	once sync.Once
+}
+
+type settlement struct {
+	tag     uint64
+	ack     bool
+	requeue bool       // nack: requeue
+	reject  bool       // reject instead of nack
+	err     chan error // nack and reject: the write's result
+}
+
+// newCoalescer starts the coalescer of ch's deliveries; Close flushes and
+// stops it.
+func newCoalescer(ch amqp.Acknowledger) *coalescer {
+	c := &coalescer{ch: ch, reqs: make(chan settlement, 256), done: make(chan struct{})}
+	go c.run()
+	return c
+}
+
+func (c *coalescer) Ack(tag uint64, multiple bool) error {
+	if multiple {
+		panic("coalescer: multiple acks are the coalescer's own")
+	}
+	select {
+	case c.reqs <- settlement{tag: tag, ack: true}:
+		return nil
+	case <-c.done:
+		return amqp.ErrClosed
+	}
+}
+
+func (c *coalescer) Nack(tag uint64, multiple, requeue bool) error {
+	if multiple {
+		panic("coalescer: multiple nacks are not used")
+	}
+	return c.wait(settlement{tag: tag, requeue: requeue, err: make(chan error, 1)})
+}
+
+func (c *coalescer) Reject(tag uint64, requeue bool) error {
+	return c.wait(settlement{tag: tag, requeue: requeue, reject: true, err: make(chan error, 1)})
+}
+
+func (c *coalescer) wait(s settlement) error {
+	select {
+	case c.reqs <- s:
+		return <-s.err
+	case <-c.done:
+		return amqp.ErrClosed
+	}
+}
+
+// Close writes the acks still held and stops the coalescer. Settlements
+// after Close fail with amqp.ErrClosed.
+func (c *coalescer) Close() {
+	c.once.Do(func() { close(c.reqs) })
+	<-c.done
+}
+
+func (c *coalescer) run() {
+	defer close(c.done)
+	var l ledger
+	var timer *time.Timer
+	var expired <-chan time.Time
+	for {
+		select {
+		case s, ok := <-c.reqs:
+			if !ok {
+				l.flush(c.ch, true)
+				return
+			}
+			l.add(c.ch, s)
+		drain:
+			for {
+				select {
+				case s, ok := <-c.reqs:
+					if !ok {
+						l.flush(c.ch, true)
+						return
+					}
+					l.add(c.ch, s)
+				default:
+					break drain
+				}
+			}
+		case <-expired:
+			expired = nil
+		}
+		l.flush(c.ch, false)
+		if oldest, ok := l.oldestHeld(); ok && expired == nil {
+			wait := max(time.Until(oldest.Add(ackDelay)), 0)
+			if timer == nil {
+				timer = time.NewTimer(wait)
+			} else {
+				timer.Reset(wait)
+			}
+			expired = timer.C
+		}
+	}
+}
+
+// ledger is the coalescer's state: every delivery tag up to floor is
+// settled on the broker; above it, settled says which tags are settled
+// (true) or acked here and not yet written (false, with the time in held).
+type ledger struct {
+	floor   uint64
+	settled map[uint64]bool
+	held    map[uint64]time.Time
+}
+
+// add records s; a nack or reject is written at once.
+func (l *ledger) add(ch amqp.Acknowledger, s settlement) {
+	if l.settled == nil {
+		l.settled, l.held = map[uint64]bool{}, map[uint64]time.Time{}
+	}
+	if s.ack {
+		l.settled[s.tag] = false
+		l.held[s.tag] = time.Now()
+		return
+	}
+	var err error
+	if s.reject {
+		err = ch.Reject(s.tag, s.requeue)
+	} else {
+		err = ch.Nack(s.tag, false, s.requeue)
+	}
+	l.settled[s.tag] = true
+	s.err <- err
+}
+
+// flush advances the floor over settled tags, acking the held ones passed
+// with one multiple ack, and writes alone the held acks above the floor
+// that have waited ackDelay (all of them when final).
+func (l *ledger) flush(ch amqp.Acknowledger, final bool) {
+	var last uint64 // the highest held ack the floor passed
+	for {
+		sent, ok := l.settled[l.floor+1]
+		if !ok {
+			break
+		}
+		l.floor++
+		if !sent {
+			last = l.floor
+		}
+		delete(l.settled, l.floor)
+		delete(l.held, l.floor)
+	}
+	if last > 0 {
+		ch.Ack(last, true) // an error is a closed channel: redelivered, then duplicates
+	}
+	now := time.Now()
+	var due []uint64
+	for tag, at := range l.held {
+		if final || now.Sub(at) >= ackDelay {
+			due = append(due, tag)
+		}
+	}
+	slices.Sort(due)
+	for _, tag := range due {
+		ch.Ack(tag, false)
+		l.settled[tag] = true
+		delete(l.held, tag)
+	}
+}
+
+func (l *ledger) oldestHeld() (time.Time, bool) {
+	var oldest time.Time
+	for _, at := range l.held {
+		if oldest.IsZero() || at.Before(oldest) {
+			oldest = at
+		}
+	}
+	return oldest, !oldest.IsZero()
+}
