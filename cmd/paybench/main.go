@@ -41,6 +41,7 @@ type options struct {
 	heapTrace                    bool
 	noPipeline                   bool
 	paysvcBinary                 string
+	paysvcEnv                    []string // the compare phase's daemon: settings other than the defaults
 }
 
 func env(k, def string) string {
@@ -63,6 +64,14 @@ func main() {
 	flag.Float64Var(&o.dup, "dup", 0.1, "share of payments published twice")
 	only := flag.String("only", "", "comma-separated phases: compare,ceilings,grouped,default,article,hot,open")
 	flag.StringVar(&o.paysvcBinary, "paysvc", "bin/paysvc", "the paysvc binary the compare phase runs")
+	flag.Func("paysvc-env", "KEY=VALUE for the compare phase's daemon, e.g. PAYSVC_MYSQL_GROUPSIZE=32 (repeatable; the targets are on the defaults)",
+		func(s string) error {
+			if !strings.HasPrefix(s, "PAYSVC_") || !strings.Contains(s, "=") {
+				return fmt.Errorf("want PAYSVC_KEY=VALUE, got %q", s)
+			}
+			o.paysvcEnv = append(o.paysvcEnv, s)
+			return nil
+		})
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the default run here")
 	flag.BoolVar(&o.heapTrace, "heap-trace", false, "print the heap every 10% of a run (memory flatness over long runs)")
 	flag.IntVar(&o.defaults.workers, "workers", o.defaults.workers, "amqp.workers of the default run")
@@ -174,12 +183,12 @@ func main() {
 		case rate == 0:
 			rate = 500
 		}
-		p50, p99, p999, hp99, err := openLoop(ctx, o, rate, 10*time.Second)
+		lat, err := openLoop(ctx, o, rate, 10*time.Second, false)
 		if err != nil {
 			fail(err)
 		}
 		row(fmt.Sprintf("open loop at %.0f msg/s (half the peak), publish→payment", rate), rate,
-			fmt.Sprintf("p50 %s  p99 %s  p99.9 %s; handling (delivery to ack) p99 %s", ms(p50), ms(p99), ms(p999), ms(hp99)))
+			fmt.Sprintf("p50 %s  p99 %s  p99.9 %s; handling (delivery to ack) p99 %s", ms(lat.p50), ms(lat.p99), ms(lat.p999), ms(lat.handlingP99)))
 	}
 }
 
@@ -241,10 +250,11 @@ func repeat(ctx context.Context, o *options, n int, first round, row func(string
 		}
 		r.paysvc, r.article = d.rate, a.rate
 		// Half of this round's peak, right after it was measured.
-		_, p99, _, _, err := openLoop(ctx, o, r.paysvc/2, 10*time.Second)
+		lat, err := openLoop(ctx, o, r.paysvc/2, 10*time.Second, false)
 		if err != nil {
 			return err
 		}
+		p99 := lat.p99
 		openP99 = append(openP99, p99)
 		row(fmt.Sprintf("round %d: ceiling %.0f, article %.0f; paysvc", i, r.ceiling, r.article), r.paysvc,
 			fmt.Sprintf("%.2fx the ceiling, %.1fx the article config; open loop at %.0f msg/s: publish→payment p99 %s",

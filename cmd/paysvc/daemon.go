@@ -65,6 +65,11 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	m := metrics.New()
 	orders := order.NewStore(db)
 	orders.OnRetry = func(error) { m.TxRetries.Inc() }
+	// The notices of the payments this process commits are born leased to
+	// it and handed straight to its dispatcher: no poll, no lease update.
+	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, TLS: amqpTLS, Name: name, Interval: 500 * time.Millisecond, Batch: 100, Log: log,
+		Handoff: make(chan []string, 256)}
+	orders.NoticeLease, orders.OnCommitted = outbox.LeaseTime, dispatcher.Offer
 	deadLetters := deadletter.NewStore(db)
 	events := &trace.Recorder{DB: db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())}
 	defer events.Start(2, 64)() // outcomes recorded at once share an INSERT
@@ -110,7 +115,6 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 			Client: &http.Client{Timeout: 10 * time.Second}, Interval: 30 * time.Second, Wake: wake}
 		wg.Go(func() { alerter.Run(helpers) })
 	}
-	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, TLS: amqpTLS, Name: name, Interval: 500 * time.Millisecond, Batch: 100, Log: log}
 	wg.Go(func() { dispatcher.Run(helpers) })
 	monitor := &listener.Monitor{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Delays: cfg.Retry.Delays, Store: deadLetters,
 		DB: db, Metrics: m, Interval: cfg.Metrics.QueueInterval, Log: log, Consumer: consumer, Redis: guard}

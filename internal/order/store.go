@@ -30,6 +30,15 @@ type Store struct {
 	// OnRetry, if set, is told each time a transaction (a payment's or a
 	// group's) is run again after such an error. Set it before use.
 	OnRetry func(err error)
+	// NoticeLease, when set, writes each payment's notice leased to this
+	// process for that long (attempts 1, next_attempt_at ahead), and
+	// OnCommitted is told the order numbers of every committed set: the
+	// process publishes their notices itself (outbox.Dispatcher.Offer),
+	// with no poll and no lease update per notice. A process that dies
+	// first leaves them to any dispatcher's poll when the lease ends. Set
+	// both before use, or neither.
+	NoticeLease time.Duration
+	OnCommitted func(orderNos []string)
 }
 
 // NewStore returns a Store over db.

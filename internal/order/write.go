@@ -47,7 +47,7 @@ type setWrite struct {
 	want  []int64 // START TRANSACTION, then the four statements
 }
 
-func newSetWrite(ps []Payment, now time.Time) setWrite {
+func newSetWrite(ps []Payment, now time.Time, noticeLease time.Duration) setWrite {
 	var q strings.Builder
 	args := make([]driver.NamedValue, 0, 12*len(ps))
 	arg := func(v any) {
@@ -107,8 +107,16 @@ func newSetWrite(ps []Payment, now time.Time) setWrite {
 	list(len(sums), "?", func(i int) { arg(sums[i].user) })
 	q.WriteString(") AND balance >= ")
 	cases()
-	q.WriteString(";\nINSERT INTO t_outbox (event_type, biz_no, payload) VALUES ")
-	list(len(ps), "(?, ?, ?)", func(i int) {
+	// With a notice lease the notices are born leased to this process,
+	// which publishes them itself after the COMMIT (Store.NoticeLease).
+	item := "(?, ?, ?)"
+	q.WriteString(";\nINSERT INTO t_outbox (event_type, biz_no, payload")
+	if noticeLease > 0 {
+		q.WriteString(", attempts, next_attempt_at")
+		item = fmt.Sprintf("(?, ?, ?, 1, CURRENT_TIMESTAMP(3) + INTERVAL %d MICROSECOND)", noticeLease.Microseconds())
+	}
+	q.WriteString(") VALUES ")
+	list(len(ps), item, func(i int) {
 		arg(outbox.EventPaymentSucceeded)
 		arg(ps[i].OrderNo)
 		arg(string(outbox.PaymentSucceeded(ps[i].OrderNo, ps[i].UserID, ps[i].Amount, now)))
@@ -137,7 +145,7 @@ func (s *Store) paySet(ctx context.Context, ps []Payment) (committed bool, err e
 		return false, fmt.Errorf("connection: %w", err)
 	}
 	defer conn.Close()
-	w := newSetWrite(ps, time.Now())
+	w := newSetWrite(ps, time.Now(), s.NoticeLease)
 	var opErr error
 	rawErr := conn.Raw(func(dc any) error {
 		ex := dc.(driver.ExecerContext)
@@ -162,6 +170,13 @@ func (s *Store) paySet(ctx context.Context, ps []Payment) (committed bool, err e
 		committed = true
 		return nil
 	})
+	if committed && s.OnCommitted != nil {
+		nos := make([]string, len(ps))
+		for i, p := range ps {
+			nos[i] = p.OrderNo
+		}
+		s.OnCommitted(nos)
+	}
 	switch {
 	case opErr != nil:
 		return errors.Is(opErr, sqldb.ErrCommitUnknown), opErr

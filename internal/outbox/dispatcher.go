@@ -24,6 +24,21 @@ type Dispatcher struct {
 	Interval time.Duration // poll interval when idle
 	Batch    int           // notices per transaction
 	Log      *zap.Logger
+	// Handoff, if not nil, carries the order numbers of notices this
+	// process committed leased to itself (Offer).
+	Handoff chan []string
+}
+
+// Offer hands the dispatcher the notices of payments its own process
+// committed, written leased to it (order.Store.NoticeLease): it publishes
+// them without polling for them or leasing them again. Offer never blocks:
+// an offer the dispatcher cannot take now is left to the poll, which takes
+// the rows when their lease ends.
+func (d *Dispatcher) Offer(orderNos []string) {
+	select {
+	case d.Handoff <- orderNos:
+	default:
+	}
 }
 
 // Run publishes notices until ctx ends, reconnecting with backoff.
@@ -87,15 +102,61 @@ func (d *Dispatcher) session(ctx context.Context) error {
 	ch.Close()
 	pub := broker.NewPublisher(conn, 10*time.Second)
 	defer pub.Close()
+	poll := time.NewTimer(0)
+	defer poll.Stop()
 	for {
-		n, err := d.DispatchOnce(ctx, pub)
+		select {
+		case <-ctx.Done():
+			return nil
+		case nos := <-d.Handoff:
+			for more := true; more && len(nos) < d.Batch; {
+				select {
+				case next := <-d.Handoff:
+					nos = append(nos, next...)
+				default:
+					more = false
+				}
+			}
+			if err := d.dispatchOffered(ctx, pub, nos); err != nil {
+				return err
+			}
+		case <-poll.C:
+			n, err := d.DispatchOnce(ctx, pub)
+			if err != nil {
+				return err
+			}
+			if n < d.Batch {
+				poll.Reset(d.Interval)
+			} else {
+				poll.Reset(0)
+			}
+		}
+	}
+}
+
+// dispatchOffered publishes the pending notices of the offered order
+// numbers. They were written leased to this process: a plain read finds
+// them, and no other dispatcher takes them before their lease ends.
+func (d *Dispatcher) dispatchOffered(ctx context.Context, pub *broker.Publisher, orderNos []string) error {
+	for len(orderNos) > 0 {
+		n := min(len(orderNos), broker.MaxBatch)
+		q, args, err := sqlx.In(`SELECT id, biz_no, payload, attempts FROM t_outbox
+			WHERE biz_no IN (?) AND event_type = ? AND status = 'PENDING'`, orderNos[:n], EventPaymentSucceeded)
 		if err != nil {
 			return err
 		}
-		if n < d.Batch && !broker.Sleep(ctx, d.Interval) {
-			return nil
+		var rows []notice
+		if err := d.DB.SelectContext(ctx, &rows, q, args...); err != nil {
+			return fmt.Errorf("outbox: read offered notices: %w", err)
 		}
+		if len(rows) > 0 {
+			if _, err := d.publish(ctx, pub, rows); err != nil {
+				return err
+			}
+		}
+		orderNos = orderNos[n:]
 	}
+	return nil
 }
 
 // LeaseTime is how long a notice taken by one dispatcher stays hidden from
@@ -143,6 +204,17 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context, pub *broker.Publisher) (i
 	if len(rows) == 0 {
 		return 0, nil
 	}
+	for i := range rows {
+		rows[i].Attempts++ // the lease counted this attempt
+	}
+	return d.publish(ctx, pub, rows)
+}
+
+// publish sends leased rows, with one confirm wait for the batch, marks the
+// sent ones in one statement and schedules the failed ones again with
+// backoff (1 s, 2 s, 4 s... 5 min); it returns how many it sent and the
+// first failure.
+func (d *Dispatcher) publish(ctx context.Context, pub *broker.Publisher, rows []notice) (int, error) {
 	msgs := make([]amqp.Publishing, len(rows))
 	for i, r := range rows {
 		msgs[i] = amqp.Publishing{
@@ -167,7 +239,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context, pub *broker.Publisher) (i
 			firstErr = errs[i]
 		}
 		d.Log.Warn("outbox: notice not published; will retry", zap.String("order_no", r.BizNo),
-			zap.Int("attempt", r.Attempts+1), zap.Error(errs[i]))
+			zap.Int("attempt", r.Attempts), zap.Error(errs[i]))
 	}
 	// The marks run even when ctx ended: the publishes are done.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)

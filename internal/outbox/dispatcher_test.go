@@ -12,6 +12,7 @@ import (
 
 	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/order"
 	"github.com/paysvc/paysvc/internal/outbox"
 	"github.com/paysvc/paysvc/internal/testenv"
 )
@@ -118,4 +119,60 @@ func TestDispatcherHoldsNoLockWhilePublishing(t *testing.T) {
 	if n := testenv.Depth(t, amqpURL, outbox.Queue); n != 3 {
 		t.Fatalf("%d notices in %s, want 3", n, outbox.Queue)
 	}
+}
+
+// The notices of payments a process commits are born leased to it and
+// handed to its dispatcher: they are sent without a poll (the poll here
+// runs once an hour) and without a second lease (attempts stays 1). A
+// notice committed leased but never handed over (its process died) is
+// hidden from every dispatcher until its lease ends, then polled and sent.
+func TestDispatcherSendsHandedOverNoticesWithoutPolling(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	amqpURL := testenv.AMQP(t)
+	for i, no := range []string{"H1", "H2", "H3"} {
+		db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES (?, ?, 1.00)", no, i+1)
+		db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (?, 10.00)", i+1)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d := &outbox.Dispatcher{DB: db, URL: amqpURL, Name: "handoff test", Interval: time.Hour, Batch: 100,
+		Log: zap.NewNop(), Handoff: make(chan []string, 16)}
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	store := order.NewStore(db)
+	store.NoticeLease, store.OnCommitted = 2*time.Second, d.Offer
+	testenv.Eventually(t, 10*time.Second, func() bool { return testenv.QueueExists(t, amqpURL, outbox.Queue) }, "the dispatcher declared its queue")
+	for i, no := range []string{"H1", "H2"} {
+		if err := store.Pay(ctx, order.Payment{OrderNo: no, UserID: int64(i + 1), Amount: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		var sent int
+		db.Get(&sent, "SELECT COUNT(*) FROM t_outbox WHERE status = 'SENT' AND attempts = 1")
+		return sent == 2
+	}, "the handed-over notices were not sent, once each, without a poll")
+	if n := testenv.Depth(t, amqpURL, outbox.Queue); n != 2 {
+		t.Fatalf("%d notices in %s, want 2", n, outbox.Queue)
+	}
+
+	orphan := order.NewStore(db)
+	orphan.NoticeLease = 2 * time.Second // committed leased, never handed over
+	if err := orphan.Pay(ctx, order.Payment{OrderNo: "H3", UserID: 3, Amount: 100}); err != nil {
+		t.Fatal(err)
+	}
+	other := &outbox.Dispatcher{DB: db, Batch: 100, Log: zap.NewNop()}
+	pub := broker.NewPublisher(dial(t, amqpURL), 3*time.Second)
+	defer pub.Close()
+	if n, err := other.DispatchOnce(ctx, pub); err != nil || n != 0 {
+		t.Fatalf("a poll right after the commit sent %d (%v): the lease did not hide the notice", n, err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		other.DispatchOnce(ctx, pub)
+		var sent int
+		db.Get(&sent, "SELECT COUNT(*) FROM t_outbox WHERE biz_no = 'H3' AND status = 'SENT' AND attempts = 2")
+		return sent == 1
+	}, "the orphaned notice was not polled after its lease")
 }
