@@ -1,12 +1,14 @@
 # paysvc: make demo (run it with demo traffic), make test (all tests).
 GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# GOFLAGS here may carry -buildvcs=false: the revision is stamped explicitly.
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: build services test-tools test lint demo chaos chaos-cluster soak bench clean
+.PHONY: build services test-tools test rules lint demo chaos chaos-cluster soak bench clean
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/paysvc ./cmd/paysvc
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)" -o bin/paysvc ./cmd/paysvc
 
 # Make sure MariaDB, Redis and RabbitMQ run on loopback (install and start them if missing).
 services:
@@ -21,8 +23,15 @@ lint:
 	$(GO) vet -tags faultinject ./...
 
 # Unit and integration tests against the real servers (never skipped).
-test: services test-tools lint
+test: services test-tools lint rules
 	$(GO) test $(TESTFLAGS) ./...
+
+# The alert rules: syntax, and promtool's unit tests (every rule fires on the
+# series it should; deploy/prometheus/*_test.yaml).
+PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo tmp/tools/promtool)
+rules: test-tools
+	$(PROMTOOL) check rules deploy/prometheus/alerts.yaml deploy/prometheus/reconcile-alerts.yaml
+	cd deploy/prometheus && $(abspath $(PROMTOOL)) test rules alerts_test.yaml reconcile-alerts_test.yaml
 
 demo: services
 	scripts/demo.sh

@@ -115,7 +115,7 @@ func TestKubernetesManifests(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"Deployment", "ConfigMap", "PodDisruptionBudget", "Job", "Service", "Secret"} {
+	for _, k := range []string{"Deployment", "ConfigMap", "PodDisruptionBudget", "NetworkPolicy", "Service", "Secret"} {
 		if kinds[k] == nil {
 			t.Errorf("no %s manifest", k)
 		}
@@ -125,8 +125,34 @@ func TestKubernetesManifests(t *testing.T) {
 	c := get(pod, "containers", 0)
 	grace, _ := get(pod, "terminationGracePeriodSeconds").(int)
 	preStop, _ := get(c, "lifecycle", "preStop", "sleep", "seconds").(int)
-	if time.Duration(grace)*time.Second <= drainTimeout(t)+time.Duration(preStop)*time.Second || preStop == 0 {
-		t.Errorf("terminationGracePeriodSeconds %d must exceed preStop %ds + drain timeout %s", grace, preStop, drainTimeout(t))
+	// Every bounded wait on the drain path after amqp.drainTimeout: stop
+	// intake, workers after the timeout, held acks, channel and connection
+	// close (5 s each, internal/listener), the helpers' notice batch (10 s
+	// confirm wait + 10 s mark, internal/outbox), the HTTP server (5 s).
+	const afterDrain = 5*5*time.Second + 20*time.Second + 5*time.Second
+	if need := time.Duration(preStop)*time.Second + drainTimeout(t) + afterDrain; time.Duration(grace)*time.Second < need || preStop == 0 {
+		t.Errorf("terminationGracePeriodSeconds %d must cover preStop %ds + drain timeout %s + the bounded waits after it (%s): %s",
+			grace, preStop, drainTimeout(t), afterDrain, need)
+	}
+	// The Secret's files must be readable by the pod's user: the kubelet
+	// leaves them root's unless fsGroup names the user's group, and then
+	// gives that group read (TestSecretFilesReadableAsTheKubeletMountsThem
+	// in cmd/paysvc runs paysvc against both results).
+	if fs, gid := get(pod, "securityContext", "fsGroup"), get(pod, "securityContext", "runAsGroup"); fs == nil || fs != gid {
+		t.Errorf("pod fsGroup %v, want the runAsGroup %v: the mounted Secret is unreadable otherwise", fs, gid)
+	}
+	vols, _ := get(pod, "volumes").([]any)
+	for _, v := range vols {
+		if mode, ok := get(v, "secret", "defaultMode").(int); ok && mode&0o040 == 0 {
+			t.Errorf("volume %v: defaultMode %#o gives the group no read", get(v, "name"), mode)
+		}
+	}
+	if get(pod, "topologySpreadConstraints", 0, "topologyKey") != "kubernetes.io/hostname" {
+		t.Errorf("want replicas spread across nodes: %v", get(pod, "topologySpreadConstraints"))
+	}
+	init := get(pod, "initContainers", 0)
+	if get(init, "args", 0) != "migrate" || get(init, "env", 0, "value") != "/run/secrets/paysvc/migrate_dsn" {
+		t.Errorf("want an init container running migrate with the migration user: %v", init)
 	}
 	for probe, path := range map[string]string{"livenessProbe": "/healthz", "readinessProbe": "/readyz"} {
 		if get(c, probe, "httpGet", "path") != path || get(c, probe, "httpGet", "port") != "admin" {
@@ -160,11 +186,23 @@ func TestKubernetesManifests(t *testing.T) {
 	if strings.TrimSpace(cm) != strings.TrimSpace(string(repo)) {
 		t.Error("k8s/configmap.yaml's config.yaml differs from the repository's config.yaml")
 	}
+	gomemlimit := false
+	for _, e := range envs {
+		if get(e, "name") == "GOMEMLIMIT" && get(e, "valueFrom", "resourceFieldRef", "resource") == "limits.memory" {
+			gomemlimit = true
+		}
+	}
+	if !gomemlimit {
+		t.Error("want GOMEMLIMIT from the container's memory limit")
+	}
 	if get(kinds["PodDisruptionBudget"], "spec", "maxUnavailable") != 1 {
 		t.Error("the PodDisruptionBudget should allow one replica down at a time")
 	}
-	if args := get(kinds["Job"], "spec", "template", "spec", "containers", 0, "args", 0); args != "migrate" {
-		t.Errorf("the Job runs %v, want migrate", args)
+	if get(kinds["PodDisruptionBudget"], "spec", "unhealthyPodEvictionPolicy") != "AlwaysAllow" {
+		t.Error("the PodDisruptionBudget must let unready pods go (an outage must not block node drains)")
+	}
+	if kinds["Job"] != nil {
+		t.Error("a Job in the kustomization: its template is immutable, and the next apply with a new image fails")
 	}
 	for k, v := range get(kinds["Secret"], "stringData").(map[string]any) {
 		if !strings.Contains(v.(string), "CHANGE-ME") {
@@ -209,6 +247,34 @@ func TestCompose(t *testing.T) {
 		if get(services[s], "read_only") != true || get(services[s], "cap_drop", 0) != "ALL" {
 			t.Errorf("%s: want read_only and cap_drop ALL", s)
 		}
+		if test, _ := get(services[s], "healthcheck", "test").([]any); len(test) < 3 || test[1] != "/paysvc" || test[2] != "healthcheck" {
+			t.Errorf("%s: want a healthcheck running paysvc healthcheck, got %v", s, get(services[s], "healthcheck"))
+		}
+		if get(services[s], "depends_on", "grants", "condition") != "service_completed_successfully" {
+			t.Errorf("%s: must wait for its least-privilege user (grants)", s)
+		}
+		for _, secret := range []string{"PAYSVC_AMQP_URL", "PAYSVC_MYSQL_DSN", "PAYSVC_REDIS_PASSWORD", "PAYSVC_ADMIN_TOKEN"} {
+			if env[secret] != nil {
+				t.Errorf("%s: %s in the environment: give credentials as %s_FILE", s, secret, secret)
+			}
+		}
+		if env["PAYSVC_MYSQL_DSN_FILE"] != "/run/secrets/mysql_dsn" || env["PAYSVC_AMQP_URL_FILE"] != "/run/secrets/amqp_url" {
+			t.Errorf("%s: the DSN and broker URL must come from secret files: %v", s, env)
+		}
+	}
+	// The migration user is not the daemon's.
+	if get(services["migrate"], "environment", "PAYSVC_MYSQL_DSN_FILE") != "/run/secrets/mysql_migrate_dsn" {
+		t.Errorf("migrate must use the migration user's DSN: %v", get(services["migrate"], "environment"))
+	}
+	if get(services["mysql"], "environment", "MYSQL_USER") != "paysvc_migrate" {
+		t.Errorf("the image's all-privileges user must be the migration user, not the daemon's")
+	}
+	// Every image can be pinned by digest from the environment.
+	for name, svc := range services {
+		img, _ := get(svc, "image").(string)
+		if img != "" && !regexp.MustCompile(`^\$\{[A-Z_]+_IMAGE:-[^}]+\}$|@sha256:[0-9a-f]{64}$`).MatchString(img) {
+			t.Errorf("%s: image %q can be pinned neither by an *_IMAGE variable nor by digest", name, img)
+		}
 	}
 	raw, _ := os.ReadFile("compose.yaml")
 	for _, line := range strings.Split(string(raw), "\n") {
@@ -237,26 +303,29 @@ func TestDockerfileBuildsTheSameBinary(t *testing.T) {
 	if strings.Count(df, "\nFROM ") < 2 {
 		t.Error("want a multi-stage build")
 	}
-	if !regexp.MustCompile(`\nUSER nonroot`).MatchString(df) {
-		t.Error("the runtime stage must run as nonroot")
+	if !regexp.MustCompile(`\nUSER 65532:65532\n`).MatchString(df) {
+		t.Error("the runtime stage must run as 65532:65532, numerically (runAsNonRoot checks it without /etc/passwd)")
+	}
+	if !regexp.MustCompile(`HEALTHCHECK [^\n]*\\\n\s*CMD \["/paysvc", "healthcheck"`).MatchString(df) {
+		t.Error("want a HEALTHCHECK that runs paysvc healthcheck (distroless has no shell or curl)")
 	}
 	for _, m := range regexp.MustCompile(`(?m)^(ARG|ENV)\s+(\S+)`).FindAllStringSubmatch(df, -1) {
 		if regexp.MustCompile(`(?i)pass|secret|token|dsn|key`).MatchString(m[2]) {
 			t.Errorf("Dockerfile %s %s: no secrets in ARG or ENV", m[1], m[2])
 		}
 	}
-	build := regexp.MustCompile(`CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=\$\{VERSION\}"`)
+	build := regexp.MustCompile(`CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=\$\{VERSION\} -X main.revision=\$\{REVISION\}"`)
 	if !build.MatchString(strings.ReplaceAll(df, "\\\n", " ")) && !build.MatchString(regexp.MustCompile(`\\\n\s*`).ReplaceAllString(df, "")) {
 		t.Fatal("the Dockerfile's go build line changed: update this test to build the same way")
 	}
 	out := filepath.Join(t.TempDir(), "paysvc")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X main.version=v9.9.9-test", "-o", out, "./cmd/paysvc")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X main.version=v9.9.9-test -X main.revision=0123456789abcdef0123", "-o", out, "./cmd/paysvc")
 	cmd.Dir, cmd.Env = "..", append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, b)
 	}
 	v, err := exec.Command(out, "version").Output()
-	if err != nil || !bytes.Contains(v, []byte("paysvc v9.9.9-test")) {
+	if err != nil || !bytes.Contains(v, []byte("paysvc v9.9.9-test revision 0123456789ab ")) {
 		t.Fatalf("version: %q, %v", v, err)
 	}
 	f, err := elf.Open(out)

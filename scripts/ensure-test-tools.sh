@@ -1,18 +1,42 @@
 #!/usr/bin/env bash
-# Test tools beyond the servers: Debian's headless Chromium for the admin
-# page's browser test. Installs it when missing; fast when present.
+# Test tools beyond the servers, installed when missing, fast when present:
+#   chromium  Debian's headless Chromium, for the admin page's browser test;
+#   promtool  from Debian's prometheus package, for the alert rules' unit
+#             tests. Only the promtool binary is taken (into tmp/tools/,
+#             or PROMTOOL_DIR): the package's Prometheus server is never
+#             installed or started.
 set -euo pipefail
-if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then
-	echo "chromium: present"
-	exit 0
-fi
+cd "$(dirname "$0")/.."
 SUDO=
-if [ "$(id -u)" -ne 0 ]; then
-	command -v sudo >/dev/null 2>&1 || { echo "ERROR: chromium is missing and this is not root (no sudo)" >&2; exit 1; }
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then
 	SUDO=sudo
 fi
-echo "chromium: installing Debian's chromium"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
-command -v chromium >/dev/null 2>&1 || { echo "ERROR: chromium did not install" >&2; exit 1; }
-echo "chromium: installed"
+
+if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then
+	echo "chromium: present"
+else
+	[ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ] || { echo "ERROR: chromium is missing and this is not root (no sudo)" >&2; exit 1; }
+	echo "chromium: installing Debian's chromium"
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
+	command -v chromium >/dev/null 2>&1 || { echo "ERROR: chromium did not install" >&2; exit 1; }
+	echo "chromium: installed"
+fi
+
+dir=${PROMTOOL_DIR:-tmp/tools}
+if command -v promtool >/dev/null 2>&1 || [ -x "$dir/promtool" ]; then
+	echo "promtool: present"
+else
+	echo "promtool: taking it from Debian's prometheus package"
+	work=$(mktemp -d)
+	trap 'rm -rf "$work"' EXIT
+	(cd "$work" && apt-get download prometheus >/dev/null 2>&1) || {
+		$SUDO apt-get update -qq
+		(cd "$work" && apt-get download prometheus >/dev/null)
+	}
+	dpkg-deb -x "$work"/prometheus_*.deb "$work/x"
+	mkdir -p "$dir"
+	install -m 0755 "$work/x/usr/bin/promtool" "$dir/promtool"
+	"$dir/promtool" --version >/dev/null
+	echo "promtool: $dir/promtool"
+fi

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"sync"
@@ -33,6 +30,20 @@ import (
 // alerter, monitor, scheduled reconciliation → admin HTTP, and runs until ctx
 // ends. The consumer decides the exit: its drain comes first.
 func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
+	// The health listener comes first, before any dependency: /healthz says
+	// the process works while it waits for MySQL (a liveness or startup
+	// probe must not kill a pod for an outage), /readyz says whether it
+	// consumes, and a busy or bad http.addr stops start-up at once.
+	m := metrics.New()
+	var health *healthServer
+	if cfg.HTTP.Addr != "" {
+		var err error
+		if health, err = startHealth(cfg.HTTP.Addr, m, log); err != nil {
+			return err
+		}
+		defer health.shutdown()
+	}
+	health.stage("waiting for MySQL")
 	db, err := openMySQL(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -62,7 +73,6 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 
 	host, _ := os.Hostname()
 	name := fmt.Sprintf("paysvc %s %s/%d", version, host, os.Getpid())
-	m := metrics.New()
 	orders := order.NewStore(db)
 	orders.OnRetry = func(error) { m.TxRetries.Inc() }
 	// The notices of the payments this process commits are born leased to
@@ -112,7 +122,8 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	wg.Go(func() { parker.Run(helpers) })
 	if cfg.Alert.WebhookURL != "" {
 		alerter := &deadletter.Alerter{Store: deadLetters, URL: cfg.Alert.WebhookURL, Log: log,
-			Client: &http.Client{Timeout: 10 * time.Second}, Interval: 30 * time.Second, Wake: wake}
+			Client: &http.Client{Timeout: 10 * time.Second}, Interval: 30 * time.Second, Wake: wake,
+			OnFailure: m.AlertFailures.Inc}
 		wg.Go(func() { alerter.Run(helpers) })
 	}
 	wg.Go(func() { dispatcher.Run(helpers) })
@@ -123,35 +134,11 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		wg.Go(func() { scheduledReconcile(helpers, cfg, db, m, log) })
 	}
 
-	if cfg.HTTP.Addr != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
-		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-			where := fmt.Sprintf("broker node: %s\nredis server: %s\n", cmp.Or(consumer.Node(), "-"), cmp.Or(monitor.RedisServer(), "-"))
-			if !consumer.Ready() {
-				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-				w.WriteHeader(http.StatusServiceUnavailable)
-				io.WriteString(w, "not consuming (reconnecting, or paused on a dependency)\n"+where)
-				return
-			}
-			io.WriteString(w, "ready\n"+where)
-		})
-		mux.Handle("GET /metrics", m.Handler())
+	if health != nil {
 		pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: name + " admin", Timeout: 10 * time.Second, TLS: amqpTLS}
 		defer pub.Close()
-		(&admin.Server{Store: deadLetters, Token: cfg.Admin.Token, Log: log,
-			Replayer: &replay.Replayer{Store: deadLetters, Orders: orders, DB: db, Publish: pub}}).Register(mux)
-		srv := &http.Server{Addr: cfg.HTTP.Addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("admin http server", zap.Error(err))
-			}
-		}()
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			srv.Shutdown(sctx)
-		}()
+		health.serve(consumer, monitor, &admin.Server{Store: deadLetters, Token: cfg.Admin.Token, Log: log,
+			Replayer: &replay.Replayer{Store: deadLetters, Orders: orders, DB: db, Publish: pub}})
 	}
 	err = consumer.Run(ctx)
 	log.Info("paysvc stopped", zap.Error(err))
@@ -172,6 +159,7 @@ func scheduledReconcile(ctx context.Context, cfg *Config, db *sqldb.DB, m *metri
 			log.Error("reconcile failed", zap.Error(err))
 		} else {
 			m.ReconcileProblems.Set(float64(len(rep.Problems)))
+			m.ReconcileLastRun.SetToCurrentTime()
 			for _, p := range rep.Problems {
 				log.Warn("reconcile problem", zap.String("kind", p.Kind), zap.String("order_no", p.BizNo),
 					zap.Int64("user_id", p.UserID), zap.String("detail", p.Detail), zap.Bool("fixed", p.Fixed))

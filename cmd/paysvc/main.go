@@ -19,6 +19,10 @@ import (
 // version is stamped at build time: -ldflags "-X main.version=v1.2.3".
 var version = "dev"
 
+// revision is the VCS revision of the source, set by the image build
+// (-X main.revision=...); empty: read from the Go build info.
+var revision = ""
+
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Environ(), os.Stdout); err != nil {
 		var exit *exitError

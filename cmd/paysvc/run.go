@@ -1,11 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os/signal"
 	"runtime"
 	"runtime/debug"
@@ -33,7 +36,9 @@ commands:
   dlq discard (ORDER_NO | --order ORDER_NO | --id N)... [--all-of-order] --reason "..." [--operator NAME]
   reconcile [--from T] [--to T] [--fix]   exit status 2 when it finds problems
   trace ORDER_NO [--log FILE]
-  version                 print the version
+  healthcheck             exit 0 if this host's paysvc answers GET /healthz on http.addr, else 1
+                          (for a container HEALTHCHECK: the image has no shell or curl)
+  version                 print the version and the VCS revision it was built from
 
 --config defaults to ./config.yaml (optional unless given). Every key can be
 overridden by PAYSVC_<SECTION>_<KEY>, or PAYSVC_<SECTION>_<KEY>_FILE.
@@ -114,6 +119,18 @@ func run(ctx context.Context, args, env []string, out io.Writer) error {
 	case cmd.name == "version":
 		fmt.Fprintln(out, versionString())
 		return nil
+	case cmd.name == "healthcheck":
+		envMap := map[string]string{}
+		for _, kv := range env {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				envMap[k] = v
+			}
+		}
+		cfg, err := loadConfig(cmd.configPath, cmd.mustExist, envMap)
+		if err != nil {
+			return err
+		}
+		return healthcheck(ctx, cfg.HTTP.Addr, out)
 	case cmd.name == "dlq" && !slices.Contains([]string{"list", "show", "replay", "discard"}, cmd.sub):
 		return fmt.Errorf("dlq: unknown subcommand %q\n%s", cmd.sub, usage)
 	case !slices.Contains([]string{"run", "migrate", "dlq", "reconcile", "trace"}, cmd.name):
@@ -180,16 +197,57 @@ func logFailure(log *zap.Logger, out io.Writer, err error) error {
 	return &exitError{code: code, err: err, logged: true}
 }
 
+// versionString is the version, the VCS revision the binary was built from
+// (set by the image build, -X main.revision, or read from the Go build
+// info of a build inside a checkout) and the Go version.
 func versionString() string {
-	rev := ""
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				rev = " " + s.Value[:12]
+	rev := revision
+	if rev == "" {
+		if bi, ok := debug.ReadBuildInfo(); ok {
+			for _, s := range bi.Settings {
+				if s.Key == "vcs.revision" {
+					rev = s.Value
+				}
 			}
 		}
 	}
-	return fmt.Sprintf("paysvc %s%s %s", version, rev, runtime.Version())
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	return fmt.Sprintf("paysvc %s revision %s %s", version, cmp.Or(rev, "unknown"), runtime.Version())
+}
+
+// healthcheck asks the paysvc on this host for GET /healthz at addr (the
+// http.addr; a wildcard host means loopback) and fails unless it answers
+// 200 within 3 s.
+func healthcheck(ctx context.Context, addr string, out io.Writer) error {
+	if addr == "" {
+		return errors.New("healthcheck: http.addr is empty: paysvc serves no /healthz")
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("healthcheck: http.addr %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	url := "http://" + net.JoinHostPort(host, port) + "/healthz"
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("healthcheck: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("healthcheck: %s answered %s", url, resp.Status)
+	}
+	fmt.Fprintf(out, "healthy: %s\n", url)
+	return nil
 }
 
 // migrate creates the database if it is missing, then applies migrations.

@@ -36,6 +36,9 @@ type Alerter struct {
 	Log      *zap.Logger
 	Interval time.Duration // poll interval; Wake shortens it
 	Wake     chan struct{}
+	// OnFailure, if set, is told each time a round of deliveries fails (the
+	// webhook refused or did not answer): paysvc_alert_webhook_failures_total.
+	OnFailure func()
 }
 
 // Run delivers pending alerts until ctx ends.
@@ -43,6 +46,9 @@ func (a *Alerter) Run(ctx context.Context) {
 	for {
 		if err := a.SendPending(ctx); err != nil && ctx.Err() == nil {
 			a.Log.Warn("alert webhook failed; will retry", zap.Error(err))
+			if a.OnFailure != nil {
+				a.OnFailure()
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -22,7 +22,7 @@ type Metrics struct {
 	Disagreements     *prometheus.CounterVec // kind: redis_new_db_applied, redis_done_db_unpaid
 	Degraded          prometheus.Gauge
 	Ready             prometheus.Gauge
-	Reconnects        *prometheus.CounterVec // component: consumer, parker, outbox, monitor
+	Reconnects        *prometheus.CounterVec // component: consumer, monitor
 	Pauses            *prometheus.CounterVec // class: what paused consumption
 	Failovers         *prometheus.CounterVec // component: broker (another node), redis (another master)
 	Paused            prometheus.Gauge
@@ -34,6 +34,8 @@ type Metrics struct {
 	DeadLettersNew    prometheus.Gauge
 	OutboxPending     prometheus.Gauge
 	ReconcileProblems prometheus.Gauge
+	ReconcileLastRun  prometheus.Gauge
+	AlertFailures     prometheus.Counter
 }
 
 // New makes and registers the collectors, with the Go and process ones.
@@ -91,13 +93,30 @@ func New() *Metrics {
 			Name: "paysvc_outbox_pending", Help: "Payment notices not yet published."}),
 		ReconcileProblems: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_reconcile_problems", Help: "Problems the last scheduled reconciliation found."}),
+		ReconcileLastRun: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_reconcile_last_run_timestamp_seconds", Help: "When the last scheduled reconciliation finished (Unix time; 0: none yet)."}),
+		AlertFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paysvc_alert_webhook_failures_total", Help: "Rounds of dead-letter alerts the webhook refused or did not answer."}),
 	}
 	r.MustRegister(m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
 		m.Pauses, m.Failovers, m.Paused, m.RequeuedAlone, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.ReconcileProblems,
+		m.ReconcileLastRun, m.AlertFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Every known series from the start, at 0: an alert on increase() sees
+	// the first event, and a dashboard has a line before anything happened.
 	for _, res := range []string{"FIRST", "DUPLICATE", "RETRY", "TERMINAL", "REQUEUE"} {
 		m.Messages.WithLabelValues(res)
+	}
+	for _, kind := range []string{"redis_new_db_applied", "redis_done_db_unpaid"} {
+		m.Disagreements.WithLabelValues(kind)
+	}
+	for _, c := range []string{"consumer", "monitor"} {
+		m.Reconnects.WithLabelValues(c)
+	}
+	// The ages the monitor samples (listener.MainQueue, TerminalQueue).
+	for _, q := range []string{"q.pay.success", "q.pay.dlx.terminal"} {
+		m.QueueOldestAge.WithLabelValues(q)
 	}
 	return m
 }

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+func get(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// MySQL is down when the pod starts: /healthz answers at once (a liveness
+// or startup probe must not kill the pod for an outage), /readyz says 503
+// and why, `paysvc healthcheck` exits 0 against it; once MySQL answers the
+// daemon wires itself and becomes ready.
+func TestHealthzAnswersBeforeMySQL(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	proxy, dsn := testenv.MySQLProxy(t, w.dsn)
+	proxy.Down()
+	httpAddr := freeAddr(t)
+	env := w.env("PAYSVC_MYSQL_DSN="+dsn, "PAYSVC_HTTP_ADDR="+httpAddr)
+	p := w.start(env, "run")
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		code, _ := get("http://" + httpAddr + "/healthz")
+		return code == 200
+	}, "/healthz did not answer while MySQL was down")
+	if code, body := get("http://" + httpAddr + "/readyz"); code != 503 || !strings.Contains(body, "waiting for MySQL") {
+		t.Fatalf("/readyz while MySQL is down: %d %q, want 503 naming MySQL", code, body)
+	}
+	check := w.start(env, "healthcheck")
+	if err := check.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("healthcheck while MySQL is down: %v\n%s", err, check.out)
+	}
+	if !strings.Contains(p.out.String(), "mysql unavailable; waiting") {
+		t.Fatalf("the daemon did not say it waits for MySQL:\n%s", p.out)
+	}
+	proxy.Up()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		code, body := get("http://" + httpAddr + "/readyz")
+		return code == 200 && strings.HasPrefix(body, "ready")
+	}, "the daemon never became ready once MySQL answered")
+}
+
+// healthcheck fails (exit 1) when nothing answers, and run refuses an
+// http.addr it cannot bind before it touches any dependency.
+func TestHealthcheckFailsAndABusyAddressStopsStartup(t *testing.T) {
+	t.Parallel()
+	w := &world{t: t}
+	free := freeAddr(t)
+	check := w.start([]string{"PAYSVC_HTTP_ADDR=" + free}, "healthcheck")
+	if err := check.wait(t, 10*time.Second); err == nil || !strings.Contains(check.out.String(), "healthcheck") {
+		t.Fatalf("healthcheck with nothing listening: %v\n%s", err, check.out)
+	}
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	// The MySQL DSN points nowhere: a daemon that waited for MySQL before
+	// binding would hang here instead of failing.
+	p := w.start([]string{"PAYSVC_HTTP_ADDR=" + busy.Addr().String(), "PAYSVC_MYSQL_DSN=root@tcp(127.0.0.1:1)/paysvc"}, "run")
+	if err := p.wait(t, 10*time.Second); err == nil || !strings.Contains(p.out.String(), "http.addr") {
+		t.Fatalf("run on a busy http.addr: %v\n%s", err, p.out)
+	}
+}
