@@ -53,6 +53,7 @@ GRANT SELECT, INSERT ON \`$DB\`.t_dead_letter_event TO $app;
 GRANT SELECT, INSERT ON \`$DB\`.t_payment_event TO $app;
 GRANT SELECT ON \`$DB\`.t_account_opening TO $app;
 GRANT SELECT ON \`$DB\`.schema_migrations TO $app;
+GRANT SELECT, INSERT, UPDATE ON \`$DB\`.t_admin_session TO $app;
 SQL
 	echo "mysql: $APP_USER (daemon, no DELETE) and $MIGRATE_USER (migrations) on $DB"
 }

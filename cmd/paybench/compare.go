@@ -15,10 +15,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/paysvc/paysvc/internal/listener"
 )
 
 // measured is one drain of preloaded messages: the rate and the CPU each
@@ -101,7 +97,12 @@ func startDaemon(o *options, b *bed, extraEnv []string) (*daemon, error) {
 	if d.logf, err = os.Create(d.logPath); err != nil {
 		return nil, err
 	}
-	d.cmd = exec.Command(o.paysvcBinary, "run")
+	bin, err := filepath.Abs(o.paysvcBinary)
+	if err != nil {
+		return nil, err
+	}
+	d.cmd = exec.Command(bin, "run")
+	d.cmd.Dir = os.TempDir() // no config.yaml there: the defaults and the environment alone
 	d.cmd.Env = append([]string{
 		"PATH=" + os.Getenv("PATH"),
 		"PAYSVC_AMQP_URL=" + b.amqpURL,
@@ -278,18 +279,12 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-// queueReady says whether q.pay.success exists on the vhost of url: the
-// daemon declares it when it starts consuming.
-func queueReady(url string) bool {
-	conn, err := amqp.Dial(url)
+// ready says whether the daemon consumes (GET /readyz answers 200).
+func (d *daemon) ready() bool {
+	resp, err := http.Get("http://" + d.httpAddr + "/readyz")
 	if err != nil {
 		return false
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return false
-	}
-	_, err = ch.QueueDeclarePassive(listener.MainQueue, true, false, false, false, nil)
-	return err == nil
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }

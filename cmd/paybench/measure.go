@@ -384,10 +384,13 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration, us
 			return
 		}
 		defer func() { dm.stop(err != nil) }()
+		// Timed from the moment it consumes (/readyz 200), not from its
+		// start-up: messages published before would wait for the daemon
+		// to start, not for paysvc to pay them.
 		deadline := time.Now().Add(30 * time.Second)
-		for !queueReady(b.amqpURL) {
+		for !dm.ready() {
 			if time.Now().After(deadline) {
-				return lat, fmt.Errorf("open loop: the daemon never declared its queue (log %s)", dm.logPath)
+				return lat, fmt.Errorf("open loop: the daemon never became ready (log %s)", dm.logPath)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

@@ -16,6 +16,39 @@ import (
 	"github.com/paysvc/paysvc/internal/testenv"
 )
 
+// browser starts a headless Chromium for the test, closed when it ends.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	// Chromium may still write to its profile as the test ends: not t.TempDir,
+	// whose cleanup fails on a busy directory.
+	profile, err := os.MkdirTemp("", "paysvc-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium(t)),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.UserDataDir(profile),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("no-first-run", true),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+	t.Cleanup(func() {
+		cancelTimeout()
+		cancel()
+		chromedp.Cancel(ctx)
+		cancelAlloc()
+		os.RemoveAll(profile)
+	})
+	return ctx
+}
+
 // chromium finds Debian's headless browser (scripts/ensure-test-tools.sh
 // installs it). Its absence fails the test: it is not optional.
 func chromium(t *testing.T) string {
@@ -44,38 +77,14 @@ func TestAdminPageReplayInBrowser(t *testing.T) {
 	}, "no dead letter to replay")
 	w.db.MustExec("UPDATE t_account SET balance = 20.00 WHERE user_id = 51")
 
-	// Chromium may still write to its profile as the test ends: not t.TempDir,
-	// whose cleanup fails on a busy directory.
-	profile, err := os.MkdirTemp("", "paysvc-chromium-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(profile)
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium(t)),
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.UserDataDir(profile),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("no-first-run", true),
-	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer func() { cancel(); chromedp.Cancel(ctx) }()
-	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
-	defer cancelTimeout()
-
+	ctx := browser(t)
 	base := "http://" + addr
 	var listText, prediction, msg, status string
 	var shot []byte
-	err = chromedp.Run(ctx,
+	err := chromedp.Run(ctx,
 		chromedp.Navigate(base+"/dlq"),
-		chromedp.WaitVisible("#token", chromedp.ByID), // redirected to the login page
-		chromedp.SendKeys("#token", adminToken, chromedp.ByID),
+		chromedp.WaitVisible("#token", chromedp.ByID), // redirected to the sign-in page
+		chromedp.SendKeys("#token", bobToken, chromedp.ByID),
 		chromedp.Click("#login", chromedp.ByID),
 		chromedp.WaitVisible("#filters", chromedp.ByID),
 		chromedp.SetValue(`input[name="class"]`, "balance_not_enough", chromedp.ByQuery),
@@ -85,7 +94,6 @@ func TestAdminPageReplayInBrowser(t *testing.T) {
 		chromedp.Click(`tr[data-order="WEB1"] a`, chromedp.ByQuery),
 		chromedp.WaitVisible("#replay", chromedp.ByID),
 		chromedp.Text("#prediction", &prediction, chromedp.ByID),
-		chromedp.SendKeys(`form[action$="/replay"] input[name="operator"]`, "bob", chromedp.ByQuery),
 		chromedp.SendKeys("#replay-reason", "balance topped up by support", chromedp.ByID),
 		chromedp.Click("#replay", chromedp.ByID),
 		chromedp.WaitVisible("#msg", chromedp.ByID),
@@ -124,13 +132,19 @@ func TestAdminPageReplayInBrowser(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		return w.count("SELECT COUNT(*) FROM t_dead_letter WHERE order_no = 'WEB2' AND status = 'NEW'") == 1
 	}, "the malformed message was not parked")
-	var discardMsg, discardStatus string
+	var discardMsg, discardStatus, who string
 	err = chromedp.Run(ctx,
+		// Bob signs out; Carol signs in (her token is configured as a hash).
+		chromedp.Click("#logout", chromedp.ByID),
+		chromedp.WaitVisible("#token", chromedp.ByID),
+		chromedp.SendKeys("#token", carolToken, chromedp.ByID),
+		chromedp.Click("#login", chromedp.ByID),
+		chromedp.WaitVisible("#filters", chromedp.ByID),
+		chromedp.Text("#who", &who, chromedp.ByID),
 		chromedp.Navigate(base+"/dlq?order=WEB2"),
 		chromedp.WaitVisible(`tr[data-order="WEB2"]`, chromedp.ByQuery),
 		chromedp.Click(`tr[data-order="WEB2"] a`, chromedp.ByQuery),
 		chromedp.WaitVisible("#discard", chromedp.ByID),
-		chromedp.SendKeys(`form[action$="/discard"] input[name="operator"]`, "carol", chromedp.ByQuery),
 		chromedp.SendKeys("#discard-reason", "malformed by the producer", chromedp.ByID),
 		chromedp.Click("#discard", chromedp.ByID),
 		chromedp.WaitVisible("#msg", chromedp.ByID),
@@ -139,6 +153,9 @@ func TestAdminPageReplayInBrowser(t *testing.T) {
 	)
 	if err != nil {
 		t.Fatalf("browser discard: %v", err)
+	}
+	if !strings.Contains(who, "carol") {
+		t.Fatalf("after Carol signed in the page says %q", who)
 	}
 	if discardMsg != "discarded" || discardStatus != "DISCARDED" {
 		t.Fatalf("after the discard click: msg %q, status %q", discardMsg, discardStatus)
@@ -207,4 +224,177 @@ func newRequest(method, url, form string) (*http.Request, error) {
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
 	return req, err
+}
+
+// Bulk actions in the browser: the list counts NEW dead letters by class
+// and charts them by day; two selected rows are discarded after a dry run
+// that changes nothing, then a whole class is replayed the same way; the
+// audit trail names the signed-in operator on every row.
+func TestAdminBulkActionsInBrowser(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (61, 1.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('BK1', 61, 5.00), ('BK2', 61, 6.00)")
+	addr, _ := w.daemonInProcess("PAYSVC_RETRY_MAXATTEMPTS=0")
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("BK1", 61, "5.00"), payment("BK2", 61, "6.00"),
+		[]byte(`{"orderNo":"BAD1"}`), []byte(`{"orderNo":"BAD2"}`), []byte(`{"orderNo":"BAD3"}`))
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_dead_letter WHERE status = 'NEW'") == 5
+	}, "the five messages were not parked")
+	w.db.MustExec("UPDATE t_account SET balance = 100.00 WHERE user_id = 61")
+	ids := map[string]string{}
+	for _, no := range []string{"BAD1", "BAD2", "BAD3"} {
+		var id string
+		w.db.Get(&id, "SELECT id FROM t_dead_letter WHERE order_no = ?", no)
+		ids[no] = id
+	}
+
+	ctx := browser(t)
+	base := "http://" + addr
+	var counts, chartBars, dry, dryAfterConfirm, results string
+	err := chromedp.Run(ctx,
+		chromedp.Navigate(base+"/dlq?status=NEW"),
+		chromedp.WaitVisible("#token", chromedp.ByID),
+		chromedp.SendKeys("#token", carolToken, chromedp.ByID),
+		chromedp.Click("#login", chromedp.ByID),
+		chromedp.WaitVisible("#counts", chromedp.ByID),
+		chromedp.Text("#counts", &counts, chromedp.ByID),
+		chromedp.Evaluate(`Array.from(document.querySelectorAll("#chart rect")).map(r => r.dataset.n).join(",")`, &chartBars),
+		// Two rows selected, discard: the dry run first.
+		chromedp.Click(`input[name="id"][value="`+ids["BAD1"]+`"]`, chromedp.ByQuery),
+		chromedp.Click(`input[name="id"][value="`+ids["BAD2"]+`"]`, chromedp.ByQuery),
+		chromedp.Click("#discard-selected", chromedp.ByID),
+		chromedp.WaitVisible("#confirm", chromedp.ByID),
+		chromedp.Text("#bulk-lines", &dry, chromedp.ByID),
+	)
+	if err != nil {
+		t.Fatalf("browser: %v", err)
+	}
+	if !strings.Contains(counts, "bad_message: 3") || !strings.Contains(counts, "balance_not_enough: 2") {
+		t.Fatalf("counts by class: %q", counts)
+	}
+	bars := strings.Split(chartBars, ",")
+	if len(bars) != 14 || bars[len(bars)-1] != "5" {
+		t.Fatalf("chart bars %q: want 14 days, today's 5", chartBars)
+	}
+	if !strings.Contains(dry, "BAD1") || !strings.Contains(dry, "BAD2") || strings.Contains(dry, "BAD3") || !strings.Contains(dry, "would be discarded") {
+		t.Fatalf("dry run: %q", dry)
+	}
+	if n := w.count("SELECT COUNT(*) FROM t_dead_letter WHERE status = 'NEW'"); n != 5 {
+		t.Fatalf("the dry run changed something: %d NEW", n)
+	}
+	err = chromedp.Run(ctx,
+		chromedp.SendKeys("#bulk-reason", "producer bug, reissued", chromedp.ByID),
+		chromedp.Click("#confirm", chromedp.ByID),
+		chromedp.WaitNotPresent("#confirm", chromedp.ByID),
+		chromedp.Text("#bulk-lines", &dryAfterConfirm, chromedp.ByID),
+		// The whole class balance_not_enough, replayed.
+		chromedp.Navigate(base+"/dlq?status=NEW"),
+		chromedp.WaitVisible(`button.replay-class[data-class="balance_not_enough"]`, chromedp.ByQuery),
+		chromedp.Click(`button.replay-class[data-class="balance_not_enough"]`, chromedp.ByQuery),
+		chromedp.WaitVisible("#confirm", chromedp.ByID),
+		chromedp.SendKeys("#bulk-reason", "accounts topped up", chromedp.ByID),
+		chromedp.Click("#confirm", chromedp.ByID),
+		chromedp.WaitNotPresent("#confirm", chromedp.ByID),
+		chromedp.Text("#bulk-lines", &results, chromedp.ByID),
+	)
+	if err != nil {
+		t.Fatalf("browser: %v", err)
+	}
+	if strings.Count(dryAfterConfirm, "discarded") != 2 {
+		t.Fatalf("discard results: %q", dryAfterConfirm)
+	}
+	if strings.Count(results, "replayed") != 2 {
+		t.Fatalf("replay results: %q", results)
+	}
+	if w.count(`SELECT COUNT(*) FROM t_dead_letter_event WHERE event = 'DISCARDED' AND operator = 'carol'
+		AND reason = 'producer bug, reissued'`) != 2 || w.count("SELECT COUNT(*) FROM t_dead_letter WHERE order_no = 'BAD3' AND status = 'NEW'") != 1 {
+		t.Fatal("the discard did not touch exactly the two selected rows, as carol")
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_order WHERE order_no IN ('BK1', 'BK2') AND status = 'PAID'") == 2
+	}, "the replayed class was not paid")
+	if w.count(`SELECT COUNT(*) FROM t_dead_letter_event WHERE event = 'REPLAYED' AND operator = 'carol'`) != 2 {
+		t.Fatal("the class replay is not recorded under carol")
+	}
+}
+
+// Sessions end: on sign-out, when another operator revokes them (the
+// revocation names who), and when they expire. A wrong token signs nobody
+// in.
+func TestAdminSessionsEndAndAreRevoked(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	addr, _ := w.daemonInProcess()
+	base := "http://" + addr
+	signIn := func(token string) *http.Cookie {
+		t.Helper()
+		resp, err := noRedirect().PostForm(base+"/login", map[string][]string{"token": {token}, "next": {"/dlq"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		for _, c := range resp.Cookies() {
+			if c.Name == "paysvc_admin" && c.Value != "" {
+				return c
+			}
+		}
+		t.Fatalf("sign-in with %q: %d, no session cookie", token[:3], resp.StatusCode)
+		return nil
+	}
+	status := func(c *http.Cookie) int {
+		req, _ := http.NewRequest("GET", base+"/dlq", nil)
+		req.AddCookie(c)
+		resp, err := noRedirect().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	bob := signIn(bobToken)
+	if status(bob) != 200 {
+		t.Fatal("bob's session does not open the list")
+	}
+	// Carol revokes Bob's session from the sessions page.
+	var id string
+	if err := w.db.Get(&id, "SELECT id FROM t_admin_session WHERE operator = 'bob' AND revoked_at IS NULL"); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := newRequest("POST", base+"/admin/sessions/"+id+"/revoke", "")
+	req.Header.Set("Authorization", "Bearer "+carolToken)
+	resp, err := noRedirect().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if status(bob) != 303 || w.count("SELECT COUNT(*) FROM t_admin_session WHERE id = ? AND revoked_by = 'carol'", id) != 1 {
+		t.Fatal("bob's revoked session still works, or the revocation does not say who")
+	}
+	// An expired session is refused.
+	bob = signIn(bobToken)
+	w.db.MustExec("UPDATE t_admin_session SET expires_at = CURRENT_TIMESTAMP(3) - INTERVAL 1 SECOND WHERE operator = 'bob' AND revoked_at IS NULL")
+	if status(bob) != 303 {
+		t.Fatal("an expired session still opens the list")
+	}
+	// Sign-out ends the session on the server, not just in the browser.
+	carol := signIn(carolToken)
+	req, _ = newRequest("POST", base+"/logout", "")
+	req.AddCookie(carol)
+	if resp, err = noRedirect().Do(req); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if status(carol) != 303 {
+		t.Fatal("a signed-out session still opens the list")
+	}
+	// A wrong token signs nobody in.
+	resp, err = noRedirect().PostForm(base+"/login", map[string][]string{"token": {"bob"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if !strings.Contains(resp.Header.Get("Location"), "error") {
+		t.Fatalf("sign-in with a wrong token: %d %s", resp.StatusCode, resp.Header.Get("Location"))
+	}
 }

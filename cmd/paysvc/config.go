@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/viper"
 
+	"github.com/paysvc/paysvc/internal/admin"
 	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/tlsca"
@@ -67,7 +68,11 @@ type Config struct {
 		Level, Format  string
 		FirstPerSecond int
 	}
-	Admin     struct{ Token string }
+	Admin struct {
+		Token      string
+		Operators  string
+		SessionTTL time.Duration
+	}
 	Alert     struct{ WebhookURL string }
 	Metrics   struct{ QueueInterval time.Duration }
 	Reconcile struct {
@@ -75,6 +80,7 @@ type Config struct {
 		Window   time.Duration
 		Fix      bool
 	}
+	Trace struct{ OTLPEndpoint string }
 }
 
 // defaults holds every key, spelled as in config.yaml, with its default.
@@ -114,11 +120,14 @@ var defaults = []struct {
 	{"log.format", "json"},
 	{"log.firstPerSecond", 0},
 	{"admin.token", ""},
+	{"admin.operators", ""},
+	{"admin.sessionTtl", "8h"},
 	{"alert.webhookUrl", ""},
 	{"metrics.queueInterval", "15s"},
 	{"reconcile.interval", "0s"},
 	{"reconcile.window", "24h"},
 	{"reconcile.fix", false},
+	{"trace.otlpEndpoint", ""},
 }
 
 // envName is the environment variable for a key: amqp.url → PAYSVC_AMQP_URL.
@@ -211,11 +220,14 @@ func loadConfig(path string, mustExist bool, env map[string]string) (*Config, er
 	c.Log.Format = strings.ToLower(d.str("log.format"))
 	c.Log.FirstPerSecond = d.int("log.firstPerSecond")
 	c.Admin.Token = d.str("admin.token")
+	c.Admin.Operators = d.str("admin.operators")
+	c.Admin.SessionTTL = d.duration("admin.sessionTtl")
 	c.Alert.WebhookURL = d.str("alert.webhookUrl")
 	c.Metrics.QueueInterval = d.duration("metrics.queueInterval")
 	c.Reconcile.Interval = d.duration("reconcile.interval")
 	c.Reconcile.Window = d.duration("reconcile.window")
 	c.Reconcile.Fix = d.bool("reconcile.fix")
+	c.Trace.OTLPEndpoint = strings.TrimSuffix(d.str("trace.otlpEndpoint"), "/")
 	errs = append(errs, d.errs...)
 	errs = append(errs, c.validate()...)
 	if len(errs) > 0 {
@@ -355,12 +367,25 @@ func (c *Config) validate() []error {
 	if c.Log.FirstPerSecond < 0 {
 		bad("log.firstPerSecond", "want 0 (every applied payment logged) or more, got %d", c.Log.FirstPerSecond)
 	}
-	if t := c.Admin.Token; t != "" && len(t) < 16 {
-		bad("admin.token", "want at least 16 characters")
+	if t := c.Admin.Token; t != "" && len(t) < admin.MinToken {
+		bad("admin.token", "want at least %d characters", admin.MinToken)
+	} else if admin.Placeholder(t) {
+		bad("admin.token", "is a placeholder from an example (secret.example.yaml): set a real token")
+	}
+	if _, err := c.adminOperators(); err != nil && c.Admin.Operators != "" {
+		bad("admin.operators", "%v", err)
+	}
+	if c.Admin.SessionTTL < time.Minute || c.Admin.SessionTTL > 7*24*time.Hour {
+		bad("admin.sessionTtl", "want 1m to 168h, got %s", c.Admin.SessionTTL)
 	}
 	if u := c.Alert.WebhookURL; u != "" {
 		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
 			bad("alert.webhookUrl", "want an http:// or https:// URL")
+		}
+	}
+	if u := c.Trace.OTLPEndpoint; u != "" {
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			bad("trace.otlpEndpoint", "want an http:// or https:// URL of an OTLP/HTTP collector (e.g. http://otel-collector:4318)")
 		}
 	}
 	if c.Metrics.QueueInterval < 100*time.Millisecond {
@@ -513,9 +538,10 @@ func (c *Config) redacted() map[string]any {
 		"http.addr": c.HTTP.Addr, "log.level": c.Log.Level, "log.format": c.Log.Format,
 		"log.firstPerSecond": c.Log.FirstPerSecond,
 		"admin.token":        secret(c.Admin.Token), "alert.webhookUrl": secret(c.Alert.WebhookURL),
+		"admin.operators": secret(c.Admin.Operators), "admin.sessionTtl": c.Admin.SessionTTL.String(),
 		"metrics.queueInterval": c.Metrics.QueueInterval.String(),
 		"reconcile.interval":    c.Reconcile.Interval.String(), "reconcile.window": c.Reconcile.Window.String(),
-		"reconcile.fix": c.Reconcile.Fix,
+		"reconcile.fix": c.Reconcile.Fix, "trace.otlpEndpoint": secret(c.Trace.OTLPEndpoint),
 	}
 }
 
@@ -588,4 +614,22 @@ func (c *Config) redisOptions(poolSize int) (*redis.UniversalOptions, error) {
 		o.TLSConfig = t
 	}
 	return o, nil
+}
+
+// adminOperators is who may use the admin pages: admin.operators, and
+// admin.token as the operator "admin" (the single-operator shorthand).
+func (c *Config) adminOperators() ([]admin.Operator, error) {
+	ops, err := admin.ParseOperators(c.Admin.Operators)
+	if err != nil {
+		return nil, err
+	}
+	if c.Admin.Token != "" {
+		for _, op := range ops {
+			if op.Name == "admin" {
+				return nil, errors.New(`operator "admin" is also admin.token: name it differently`)
+			}
+		}
+		ops = append(ops, admin.NewOperator("admin", c.Admin.Token))
+	}
+	return ops, nil
 }

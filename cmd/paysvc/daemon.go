@@ -24,6 +24,7 @@ import (
 	"github.com/paysvc/paysvc/internal/replay"
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/trace"
+	"github.com/paysvc/paysvc/internal/tracing"
 )
 
 // daemon wires config → MySQL → Redis → consumer, parker, outbox dispatcher,
@@ -83,6 +84,13 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	deadLetters := deadletter.NewStore(db)
 	events := &trace.Recorder{DB: db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())}
 	defer events.Start(2, 64)() // outcomes recorded at once share an INSERT
+	var spans *tracing.Exporter // nil: no export; the trace context still travels
+	if cfg.Trace.OTLPEndpoint != "" {
+		spans = tracing.NewExporter(cfg.Trace.OTLPEndpoint, log)
+		exportCtx, stopExport := context.WithCancel(context.WithoutCancel(ctx))
+		go spans.Run(exportCtx)
+		defer func() { stopExport(); spans.Wait() }() // after the consumer's last span
+	}
 	consumer := listener.New(listener.Config{
 		URL:            cfg.AMQP.URL,
 		TLS:            amqpTLS,
@@ -102,6 +110,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		Metrics:        m,
 		Events:         events,
 		FirstLog:       logging.Sampled(log, cfg.Log.FirstPerSecond, firstThereafter),
+		Spans:          spans,
 	}, orders, guard, log)
 
 	// Helpers stop when the consumer has drained, not before.
@@ -137,7 +146,12 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	if health != nil {
 		pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: name + " admin", Timeout: 10 * time.Second, TLS: amqpTLS}
 		defer pub.Close()
-		health.serve(consumer, monitor, &admin.Server{Store: deadLetters, Token: cfg.Admin.Token, Log: log,
+		ops, err := cfg.adminOperators() // validated at load
+		if err != nil {
+			return err
+		}
+		health.serve(consumer, monitor, &admin.Server{Store: deadLetters, Operators: ops, Log: log,
+			Sessions: &admin.Sessions{DB: db, TTL: cfg.Admin.SessionTTL},
 			Replayer: &replay.Replayer{Store: deadLetters, Orders: orders, DB: db, Publish: pub}})
 	}
 	err = consumer.Run(ctx)

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +29,12 @@ import (
 
 const adminToken = "test-admin-token-0123456789"
 
+// Named operators of the admin pages in the tests.
+const (
+	bobToken   = "bob-token-0123456789abcdef"
+	carolToken = "carol-token-0123456789abcdef"
+)
+
 func freeAddr(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -42,6 +50,7 @@ func (w *world) daemonInProcess(extra ...string) (httpAddr string, logs *lockedB
 	httpAddr = freeAddr(w.t)
 	logs = &lockedBuffer{}
 	env := w.env(append([]string{"PAYSVC_HTTP_ADDR=" + httpAddr, "PAYSVC_ADMIN_TOKEN=" + adminToken,
+		"PAYSVC_ADMIN_OPERATORS=bob:" + bobToken + ",carol:sha256:" + sha256hex(carolToken),
 		"PAYSVC_METRICS_QUEUEINTERVAL=200ms"}, extra...)...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -423,4 +432,9 @@ func TestSeveralDeadLettersForOneOrder(t *testing.T) {
 	if !strings.Contains(string(page), `href="/dlq/`+mismatchID+`"`) {
 		t.Fatalf("the page of dead letter %s does not link %s:\n%s", balanceID, mismatchID, page)
 	}
+}
+
+func sha256hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
 }

@@ -145,7 +145,7 @@ func runTool(ctx context.Context, cmd *command, o *cliOptions, cfg *Config, env 
 				{"parked_count", fmt.Sprint(d.ParkedCount)},
 				{"first_failed_at", d.FirstFailedAt.UTC().Format(time.RFC3339)},
 				{"last_failed_at", d.LastFailedAt.UTC().Format(time.RFC3339)},
-				{"updated_by", d.UpdatedBy}, {"reason", dash(d.Reason)},
+				{"updated_by", d.UpdatedBy}, {"reason", dash(d.Reason)}, {"trace_id", dash(d.TraceID)},
 				{"replay_would", r.Predict(ctx, d)}, {"body", string(d.Body)}, {"headers", d.Headers},
 			} {
 				fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])

@@ -1,19 +1,22 @@
 // Package admin serves the dead-letter pages on the admin listener: a list
-// with filters, each message with its body, reason, retries and history, and
-// replay and discard buttons that ask for a reason. Every page needs the
-// admin token (admin.token, from the environment); without one configured
-// the pages are off.
+// with filters, counts by class and a chart of dead letters over time; each
+// message with its body, reason, retries and history; replay and discard,
+// of one row, of the selected rows or of a whole class, each with a reason
+// and a dry run first. Operators sign in by name (admin.operators): the
+// audit trail records who did what, and sessions expire and can be
+// revoked. Without an operator configured the pages are off.
 package admin
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
+	"cmp"
+	"context"
 	"embed"
-	"encoding/hex"
 	"errors"
+	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,49 +43,61 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 
 // Server holds what the pages need.
 type Server struct {
-	Store    *deadletter.Store
-	Replayer *replay.Replayer
-	Token    string
-	Log      *zap.Logger
+	Store     *deadletter.Store
+	Replayer  *replay.Replayer
+	Operators []Operator
+	Sessions  *Sessions
+	Log       *zap.Logger
 }
 
 const cookieName = "paysvc_admin"
 
-// Register adds the pages to mux.
+type operatorKey struct{}
+
+// operator is the signed-in operator of a request that passed auth.
+func operator(r *http.Request) string { s, _ := r.Context().Value(operatorKey{}).(string); return s }
+
+// Register adds the pages to mux. Every state-changing request must come
+// from the page's own origin (the standard library's cross-origin
+// protection, on Sec-Fetch-Site and Origin), besides the SameSite cookie.
 func (s *Server) Register(mux *http.ServeMux) {
+	cop := http.NewCrossOriginProtection()
+	page := func(h http.HandlerFunc) http.Handler { return cop.Handler(s.auth(h)) }
 	mux.HandleFunc("GET /login", s.loginPage)
-	mux.HandleFunc("POST /login", s.login)
-	mux.HandleFunc("POST /logout", s.logout)
-	mux.Handle("GET /dlq", s.auth(http.HandlerFunc(s.list)))
-	mux.Handle("GET /dlq/{id}", s.auth(http.HandlerFunc(s.show)))
-	mux.Handle("POST /dlq/{id}/replay", s.auth(http.HandlerFunc(s.replay)))
-	mux.Handle("POST /dlq/{id}/discard", s.auth(http.HandlerFunc(s.discard)))
+	mux.Handle("POST /login", cop.Handler(http.HandlerFunc(s.login)))
+	mux.Handle("POST /logout", page(s.logout))
+	mux.Handle("GET /dlq", page(s.list))
+	mux.Handle("POST /dlq/bulk", page(s.bulk))
+	mux.Handle("GET /dlq/{id}", page(s.show))
+	mux.Handle("POST /dlq/{id}/replay", page(s.replay))
+	mux.Handle("POST /dlq/{id}/discard", page(s.discard))
+	mux.Handle("GET /admin/sessions", page(s.sessions))
+	mux.Handle("POST /admin/sessions/{id}/revoke", page(s.revoke))
 }
 
-func (s *Server) session() string {
-	sum := sha256.Sum256([]byte("paysvc-admin-session:" + s.Token))
-	return hex.EncodeToString(sum[:])
-}
-
-func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
-
-// auth lets a request through with the session cookie or a bearer token.
-// Forms must come from this origin: the cookie is SameSite=Strict and a
-// foreign Origin header is refused.
+// auth lets a request through with a live session of a configured
+// operator (the cookie), or an operator's token (Authorization: Bearer,
+// for scripts), and tells the handler who it is.
 func (s *Server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.Token == "" {
-			http.Error(w, "admin pages are off: set admin.token (PAYSVC_ADMIN_TOKEN)", http.StatusNotFound)
+		if len(s.Operators) == 0 {
+			http.Error(w, "admin pages are off: set admin.operators (PAYSVC_ADMIN_OPERATORS_FILE)", http.StatusNotFound)
 			return
 		}
-		ok := false
-		if c, err := r.Cookie(cookieName); err == nil {
-			ok = equal(c.Value, s.session())
+		name := ""
+		if c, err := r.Cookie(cookieName); err == nil && s.Sessions != nil {
+			op, _, err := s.Sessions.Lookup(r.Context(), c.Value)
+			if err == nil && known(s.Operators, op) { // an operator taken out of the config is out
+				name = op
+			} else if err != nil && !errors.Is(err, errNoSession) {
+				http.Error(w, "sessions: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
 		}
-		if bearer, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); found {
-			ok = ok || equal(bearer, s.Token)
+		if bearer, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); found && name == "" {
+			name, _ = identify(s.Operators, bearer)
 		}
-		if !ok {
+		if name == "" {
 			if r.Method == http.MethodGet {
 				http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 				return
@@ -90,13 +105,7 @@ func (s *Server) auth(next http.Handler) http.Handler {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
-		if r.Method == http.MethodPost {
-			if o := r.Header.Get("Origin"); o != "" && o != "null" && o != "http://"+r.Host && o != "https://"+r.Host {
-				http.Error(w, "cross-origin request refused", http.StatusForbidden)
-				return
-			}
-		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), operatorKey{}, name)))
 	})
 }
 
@@ -122,18 +131,52 @@ func safeNext(next string) string {
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	next := safeNext(r.FormValue("next"))
-	if s.Token == "" || !equal(r.FormValue("token"), s.Token) {
-		http.Redirect(w, r, "/login?error=wrong+token&next="+url.QueryEscape(next), http.StatusSeeOther)
+	name, ok := identify(s.Operators, r.FormValue("token"))
+	if !ok || s.Sessions == nil {
+		http.Redirect(w, r, "/login?error=unknown+token&next="+url.QueryEscape(next), http.StatusSeeOther)
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: s.session(), Path: "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: 12 * 3600})
+	token, err := s.Sessions.Create(r.Context(), name)
+	if err != nil {
+		http.Error(w, "sessions: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	s.Log.Info("admin: signed in", zap.String("operator", name))
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: token, Path: "/", HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(s.Sessions.TTL.Seconds())})
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
+	if c, err := r.Cookie(cookieName); err == nil {
+		s.Sessions.Revoke(r.Context(), idOf(c.Value), operator(r))
+	}
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", MaxAge: -1})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// sessions lists the live sign-ins, each with a revoke button.
+func (s *Server) sessions(w http.ResponseWriter, r *http.Request) {
+	live, err := s.Sessions.Live(r.Context())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	s.render(w, "sessions.html", map[string]any{"Sessions": live, "Operator": operator(r), "Msg": r.URL.Query().Get("msg")})
+}
+
+func (s *Server) revoke(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	ok, err := s.Sessions.Revoke(r.Context(), id, operator(r))
+	msg := "revoked"
+	switch {
+	case err != nil:
+		msg = "revoke failed: " + err.Error()
+	case !ok:
+		msg = "no such live session"
+	}
+	s.Log.Info("admin: session revoked", zap.String("operator", operator(r)), zap.String("session", id[:min(12, len(id))]), zap.String("result", msg))
+	http.Redirect(w, r, "/admin/sessions?msg="+url.QueryEscape(msg), http.StatusSeeOther)
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
@@ -152,8 +195,19 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
+	counts, err := s.Store.NewByClass(r.Context())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	days, err := s.Store.PerDay(r.Context(), chartDays, time.Now())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
 	s.render(w, "list.html", map[string]any{"Rows": rows, "OrderNo": f.OrderNo, "Class": f.Class, "Status": string(f.Status),
-		"Since": q.Get("since"), "Problem": problem})
+		"Since": q.Get("since"), "Problem": problem, "Counts": sortedCounts(counts), "Chart": newChart(days),
+		"Operator": operator(r)})
 }
 
 // get reads the dead letter the path names by id; it answers the request
@@ -195,14 +249,13 @@ func (s *Server) show(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.render(w, "show.html", map[string]any{"D": d, "Events": events, "Body": string(d.Body), "Siblings": siblings,
-		"Prediction": s.Replayer.Predict(r.Context(), d), "Msg": r.URL.Query().Get("msg")})
+		"Prediction": s.Replayer.Predict(r.Context(), d), "Msg": r.URL.Query().Get("msg"), "Operator": operator(r)})
 }
 
+// target reads the row and the reason of a replay or discard; the operator
+// is the one signed in, never a form field.
 func (s *Server) target(w http.ResponseWriter, r *http.Request) (deadletter.DeadLetter, string, string, bool) {
-	reason, operator := strings.TrimSpace(r.FormValue("reason")), strings.TrimSpace(r.FormValue("operator"))
-	if operator == "" {
-		operator = "web"
-	}
+	reason, operator := strings.TrimSpace(r.FormValue("reason")), operator(r)
 	d, _, ok := s.get(w, r)
 	if !ok {
 		return d, "", "", false
@@ -250,6 +303,147 @@ func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
 	s.Log.Info("admin: discard", zap.Int64("dead_letter_id", d.ID), zap.String("operator", operator),
 		zap.String("reason", reason), zap.String("result", msg))
 	s.back(w, r, d.ID, msg)
+}
+
+// bulk replays or discards the selected rows (ids) or every NEW row of a
+// class. Without confirm it changes nothing and shows what would happen to
+// each row (the dry run), with a form to confirm the same selection.
+func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	action, class, reason := r.FormValue("action"), strings.TrimSpace(r.FormValue("class")), strings.TrimSpace(r.FormValue("reason"))
+	if action != "replay" && action != "discard" {
+		http.Error(w, "action: want replay or discard", http.StatusBadRequest)
+		return
+	}
+	var rows []deadletter.DeadLetter
+	var ids []string
+	if class != "" {
+		var err error
+		if rows, err = s.Store.List(r.Context(), deadletter.Filter{Class: class, Status: deadletter.New, Limit: maxBulk}); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+	} else {
+		for _, v := range r.Form["id"] {
+			id, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				http.Error(w, "id: want numbers", http.StatusBadRequest)
+				return
+			}
+			d, _, err := s.Store.Get(r.Context(), id)
+			if err != nil {
+				http.Error(w, fmt.Sprintf("dead letter %d: %v", id, err), http.StatusNotFound)
+				return
+			}
+			rows = append(rows, d)
+		}
+	}
+	for _, d := range rows {
+		ids = append(ids, strconv.FormatInt(d.ID, 10))
+	}
+	data := map[string]any{"Action": action, "Class": class, "IDs": ids, "Reason": reason, "Operator": operator(r)}
+	type line struct {
+		ID      int64
+		OrderNo string
+		Class   string
+		Outcome string
+	}
+	var lines []line
+	if len(rows) == 0 || r.FormValue("confirm") == "" || reason == "" {
+		// The dry run: nothing changes.
+		for _, d := range rows {
+			what := "would be discarded"
+			if action == "replay" {
+				what = s.Replayer.Predict(r.Context(), d)
+			}
+			lines = append(lines, line{d.ID, d.Order(), d.ErrorClass, what})
+		}
+		data["Lines"], data["DryRun"] = lines, true
+		if r.FormValue("confirm") != "" && reason == "" {
+			data["Problem"] = "a reason is required"
+		}
+		s.render(w, "bulk.html", data)
+		return
+	}
+	op := operator(r)
+	if action == "replay" {
+		res, err := s.Replayer.Replay(r.Context(), rows, op, reason, false)
+		if err != nil {
+			data["Problem"] = "replay failed: " + err.Error()
+		}
+		for i, x := range res {
+			outcome := x.Outcome
+			if x.Err != nil {
+				outcome = "failed: " + x.Err.Error()
+			}
+			lines = append(lines, line{x.ID, x.OrderNo, rows[i].ErrorClass, outcome})
+		}
+	} else {
+		for _, d := range rows {
+			outcome := "discarded"
+			if err := s.Store.MarkDiscarded(r.Context(), d.ID, op, reason); err != nil {
+				outcome = "failed: " + err.Error()
+			}
+			lines = append(lines, line{d.ID, d.Order(), d.ErrorClass, outcome})
+		}
+	}
+	s.Log.Info("admin: bulk "+action, zap.String("operator", op), zap.String("reason", reason),
+		zap.String("class", class), zap.Strings("dead_letter_ids", ids))
+	data["Lines"] = lines
+	s.render(w, "bulk.html", data)
+}
+
+// maxBulk bounds one bulk action.
+const maxBulk = 1000
+
+// chartDays is how many days the list page's chart shows.
+const chartDays = 14
+
+type classCount struct {
+	Class string
+	N     int
+}
+
+func sortedCounts(m map[string]int) []classCount {
+	var out []classCount
+	for c, n := range m {
+		out = append(out, classCount{c, n})
+	}
+	slices.SortFunc(out, func(a, b classCount) int { return cmp.Or(cmp.Compare(b.N, a.N), strings.Compare(a.Class, b.Class)) })
+	return out
+}
+
+// chart is the list page's bar chart of dead letters per day, drawn as
+// inline SVG by the template (no script: the page's CSP allows none).
+type chart struct {
+	Bars   []bar
+	Max    int
+	Width  int
+	Height int
+}
+
+type bar struct {
+	Day        string
+	N          int
+	X, Y, W, H int
+}
+
+func newChart(days []deadletter.DayCount) chart {
+	c := chart{Width: 28 * len(days), Height: 80}
+	for _, d := range days {
+		c.Max = max(c.Max, d.N)
+	}
+	for i, d := range days {
+		h := 0
+		if c.Max > 0 {
+			h = d.N * (c.Height - 12) / c.Max
+		}
+		c.Bars = append(c.Bars, bar{Day: d.Day.Format("01-02"), N: d.N, X: i*28 + 2, Y: c.Height - 12 - h, W: 24, H: h})
+	}
+	return c
 }
 
 // ParseSince reads an RFC 3339 time, a date, or a duration back from now

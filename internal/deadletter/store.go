@@ -58,6 +58,7 @@ type Parked struct {
 	Amount        *money.Cents // nil when unknown
 	Body          []byte
 	Headers       string // JSON of the AMQP headers
+	TraceID       string // the W3C trace id of the message, "" when it had none
 	ErrorClass    string
 	LastError     string
 	RetryCount    int
@@ -73,6 +74,7 @@ type DeadLetter struct {
 	Amount        *money.Cents `db:"amount"`
 	Body          []byte       `db:"body"`
 	Headers       string       `db:"headers"`
+	TraceID       string       `db:"trace_id"`
 	ErrorClass    string       `db:"error_class"`
 	LastError     string       `db:"last_error"`
 	RetryCount    int          `db:"retry_count"`
@@ -111,7 +113,7 @@ type Store struct{ db *sqlx.DB }
 // NewStore returns a Store over db.
 func NewStore(db *sqlx.DB) *Store { return &Store{db: db} }
 
-const columns = `id, order_no, user_id, amount, body, headers, error_class, last_error, retry_count,
+const columns = `id, order_no, user_id, amount, body, headers, trace_id, error_class, last_error, retry_count,
 	parked_count, first_failed_at, last_failed_at, status, updated_by, reason, alerted_at`
 
 // dedupKey files p: copies of one payment (order number, user and amount)
@@ -158,9 +160,9 @@ func (s *Store) Park(ctx context.Context, p Parked) (id int64, becameNew bool, e
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
 				res, err := tx.ExecContext(ctx, `INSERT INTO t_dead_letter (dedup_key, order_no, user_id, amount, body, headers,
-					error_class, last_error, retry_count, fingerprint, first_failed_at, last_failed_at)
-					VALUES (?, ?, ?, CAST(? AS DECIMAL(18,2)), ?, ?, ?, ?, ?, ?, ?, ?)`,
-					key, orderNo, p.UserID, p.Amount, p.Body, p.Headers, p.ErrorClass, p.LastError, p.RetryCount, fp,
+					trace_id, error_class, last_error, retry_count, fingerprint, first_failed_at, last_failed_at)
+					VALUES (?, ?, ?, CAST(? AS DECIMAL(18,2)), ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+					key, orderNo, p.UserID, p.Amount, p.Body, p.Headers, p.TraceID, p.ErrorClass, p.LastError, p.RetryCount, fp,
 					p.FirstFailedAt.UTC(), p.LastFailedAt.UTC())
 				if err != nil {
 					return err
@@ -175,12 +177,12 @@ func (s *Store) Park(ctx context.Context, p Parked) (id int64, becameNew bool, e
 			default:
 				id, becameNew = cur.ID, cur.Status != New
 				_, err = tx.ExecContext(ctx, `UPDATE t_dead_letter SET order_no = ?, user_id = ?, amount = CAST(? AS DECIMAL(18,2)),
-					body = ?, headers = ?, error_class = ?, last_error = ?, retry_count = ?, fingerprint = ?,
+					body = ?, headers = ?, trace_id = ?, error_class = ?, last_error = ?, retry_count = ?, fingerprint = ?,
 					parked_count = parked_count + 1, first_failed_at = LEAST(first_failed_at, ?), last_failed_at = ?,
 					alerted_at = CASE WHEN status = 'NEW' THEN alerted_at ELSE NULL END,
 					status = 'NEW', updated_by = 'paysvc', reason = ''
 					WHERE id = ?`, // MySQL assigns left to right: alerted_at reads the old status
-					orderNo, p.UserID, p.Amount, p.Body, p.Headers, p.ErrorClass, p.LastError, p.RetryCount, fp,
+					orderNo, p.UserID, p.Amount, p.Body, p.Headers, p.TraceID, p.ErrorClass, p.LastError, p.RetryCount, fp,
 					p.FirstFailedAt.UTC(), p.LastFailedAt.UTC(), id)
 				if err != nil {
 					return err
@@ -423,6 +425,52 @@ func (s *Store) Stats(ctx context.Context) (newCount int, oldest time.Time, err 
 		oldest = *row.Oldest
 	}
 	return row.N, oldest, err
+}
+
+// DayCount is how many dead letters first failed on a day (UTC).
+type DayCount struct {
+	Day time.Time
+	N   int
+}
+
+// PerDay counts the dead letters by the day they first failed, for the
+// last days days up to now (every day, zero or not).
+func (s *Store) PerDay(ctx context.Context, days int, now time.Time) ([]DayCount, error) {
+	first := now.UTC().Truncate(24*time.Hour).AddDate(0, 0, -(days - 1))
+	var rows []struct {
+		Day string `db:"day"`
+		N   int    `db:"n"`
+	}
+	if err := s.db.SelectContext(ctx, &rows, `SELECT DATE_FORMAT(first_failed_at, '%Y-%m-%d') AS day, COUNT(*) AS n
+		FROM t_dead_letter WHERE first_failed_at >= ? GROUP BY day`, first); err != nil {
+		return nil, err
+	}
+	byDay := map[string]int{}
+	for _, r := range rows {
+		byDay[r.Day] = r.N
+	}
+	out := make([]DayCount, days)
+	for i := range out {
+		d := first.AddDate(0, 0, i)
+		out[i] = DayCount{Day: d, N: byDay[d.Format("2006-01-02")]}
+	}
+	return out, nil
+}
+
+// NewByClass counts the dead letters in status NEW by error class.
+func (s *Store) NewByClass(ctx context.Context) (map[string]int, error) {
+	var rows []struct {
+		Class string `db:"error_class"`
+		N     int    `db:"n"`
+	}
+	if err := s.db.SelectContext(ctx, &rows, "SELECT error_class, COUNT(*) AS n FROM t_dead_letter WHERE status = 'NEW' GROUP BY error_class"); err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, r := range rows {
+		out[r.Class] = r.N
+	}
+	return out, nil
 }
 
 // Column sizes of t_dead_letter (bytes).

@@ -25,7 +25,8 @@ const ackDelay = 2 * time.Millisecond
 type coalescer struct {
 	ch   amqp.Acknowledger
 	reqs chan settlement
-	done chan struct{}
+	quit chan struct{} // Close: flush and stop
+	done chan struct{} // closed when run has stopped
 	once sync.Once
 }
 
@@ -40,7 +41,7 @@ type settlement struct {
 // newCoalescer starts the coalescer of ch's deliveries; Close flushes and
 // stops it.
 func newCoalescer(ch amqp.Acknowledger) *coalescer {
-	c := &coalescer{ch: ch, reqs: make(chan settlement, 256), done: make(chan struct{})}
+	c := &coalescer{ch: ch, reqs: make(chan settlement, 256), quit: make(chan struct{}), done: make(chan struct{})}
 	go c.run()
 	return c
 }
@@ -48,6 +49,11 @@ func newCoalescer(ch amqp.Acknowledger) *coalescer {
 func (c *coalescer) Ack(tag uint64, multiple bool) error {
 	if multiple {
 		panic("coalescer: multiple acks are the coalescer's own")
+	}
+	select {
+	case <-c.quit:
+		return amqp.ErrClosed
+	default:
 	}
 	select {
 	case c.reqs <- settlement{tag: tag, ack: true}:
@@ -71,16 +77,23 @@ func (c *coalescer) Reject(tag uint64, requeue bool) error {
 func (c *coalescer) wait(s settlement) error {
 	select {
 	case c.reqs <- s:
-		return <-s.err
+		select {
+		case err := <-s.err:
+			return err
+		case <-c.done: // taken too late: never written
+			return amqp.ErrClosed
+		}
 	case <-c.done:
 		return amqp.ErrClosed
 	}
 }
 
-// Close writes the acks still held and stops the coalescer. Settlements
-// after Close fail with amqp.ErrClosed.
+// Close writes the acks still held and stops the coalescer. A settlement
+// after Close is not written (an ack then reads as a redelivery; a nack or
+// reject fails with amqp.ErrClosed): the channel is closing, and the broker
+// puts its unsettled deliveries back.
 func (c *coalescer) Close() {
-	c.once.Do(func() { close(c.reqs) })
+	c.once.Do(func() { close(c.quit) })
 	<-c.done
 }
 
@@ -91,20 +104,22 @@ func (c *coalescer) run() {
 	var expired <-chan time.Time
 	for {
 		select {
-		case s, ok := <-c.reqs:
-			if !ok {
-				l.flush(c.ch, true)
-				return
+		case <-c.quit:
+			for {
+				select {
+				case s := <-c.reqs:
+					l.add(c.ch, s)
+				default:
+					l.flush(c.ch, true)
+					return
+				}
 			}
+		case s := <-c.reqs:
 			l.add(c.ch, s)
 		drain:
 			for {
 				select {
-				case s, ok := <-c.reqs:
-					if !ok {
-						l.flush(c.ch, true)
-						return
-					}
+				case s := <-c.reqs:
 					l.add(c.ch, s)
 				default:
 					break drain

@@ -20,6 +20,7 @@ import (
 	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/order"
 	"github.com/paysvc/paysvc/internal/trace"
+	"github.com/paysvc/paysvc/internal/tracing"
 )
 
 // Fallback says what happens to messages while Redis cannot be reached.
@@ -53,6 +54,9 @@ type Config struct {
 
 	Metrics *metrics.Metrics // nil: an unregistered set
 	Events  *trace.Recorder  // nil: outcomes are only logged
+	// Spans, if not nil, exports a span per message and one for its
+	// database transaction (trace.otlpEndpoint).
+	Spans *tracing.Exporter
 	// FirstLog logs the line of each applied payment (FIRST), which may be
 	// sampled (logging.Sampled); nil: the consumer's logger. Every other
 	// outcome and every error is logged in full.
@@ -403,11 +407,21 @@ func (c *Consumer) process(ctx, sess context.Context, pub *broker.Publisher, d a
 	} else {
 		c.lastEnqueued.Store(d.Timestamp.UnixNano())
 	}
+	// The message's span: a child of the producer's traceparent, or the
+	// root of a new trace. Every log line of the message carries its trace
+	// id; every copy paysvc publishes of it carries the span as parent.
+	in, traced := tracing.FromHeaders(d.Headers)
+	if !traced {
+		in = tracing.New()
+	}
+	span := in.Child()
+	traceID := zap.String("trace_id", span.TraceIDHex())
+	log := c.log.With(traceID)
 	var out outcome
 	held := broker.Backoff{Max: c.cfg.MaxBackoff}
 	letGo := false // held through an outage until the session ended
 	for {
-		out = c.handle(ctx, d)
+		out = c.handle(ctx, d, span, log)
 		if out.kind != Unavailable || fault.Mutated("park_unavailable") ||
 			(out.class != ClassMySQLError && c.dependenciesUp(ctx)) {
 			break
@@ -424,9 +438,10 @@ func (c *Consumer) process(ctx, sess context.Context, pub *broker.Publisher, d a
 	// safely stored sends the original back instead, and restarts the
 	// session (reconnect, redeclare) before more is taken.
 	send := func(exchange, queue string, msg amqp.Publishing, ok string) {
+		msg.Headers[tracing.Header] = span.String()
 		if err := pub.Publish(ctx, exchange, queue, msg); err != nil {
 			result, brokerErr = "REQUEUE", d.Nack(false, true)
-			c.log.Error("copy not published; message requeued", zap.String("order_no", out.orderNo),
+			log.Error("copy not published; message requeued", zap.String("order_no", out.orderNo),
 				zap.String("queue", queue), zap.Error(err))
 			signal(pause, fmt.Errorf("publish: %w", err))
 			return
@@ -487,6 +502,7 @@ func (c *Consumer) process(ctx, sess context.Context, pub *broker.Publisher, d a
 		result, brokerErr = "REQUEUE", d.Nack(false, true)
 	}
 	fields := []zap.Field{
+		traceID,
 		zap.String("order_no", out.orderNo),
 		zap.String("idem_key", out.key),
 		zap.String("result", result),
@@ -515,9 +531,15 @@ func (c *Consumer) process(ctx, sess context.Context, pub *broker.Publisher, d a
 		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		if err := c.cfg.Events.Record(bg, trace.Event{OrderNo: out.orderNo, Event: result,
 			ErrorClass: string(out.class), Attempt: count, Detail: detail}); err != nil {
-			c.log.Warn("could not record the outcome for trace", zap.String("order_no", out.orderNo), zap.Error(err))
+			log.Warn("could not record the outcome for trace", zap.String("order_no", out.orderNo), zap.Error(err))
 		}
 		cancel()
+	}
+	if c.cfg.Spans != nil {
+		c.cfg.Spans.Export(tracing.Span{Context: span, Parent: parentOf(in, traced), Name: MainQueue + " process", Kind: tracing.KindConsumer,
+			Start: start, End: time.Now(), Err: errText(out.err), Attrs: map[string]string{
+				"messaging.system": "rabbitmq", "messaging.destination.name": MainQueue, "messaging.operation": "process",
+				"paysvc.order_no": out.orderNo, "paysvc.result": result, "paysvc.error_class": string(out.class)}})
 	}
 	if brokerErr != nil {
 		// The channel is gone; the broker redelivers and the guards find the
@@ -540,6 +562,9 @@ func (c *Consumer) process(ctx, sess context.Context, pub *broker.Publisher, d a
 // still fail the real work, a read-only failover or a schema problem). It
 // returns false when sess ends first.
 func (c *Consumer) hold(sess context.Context, bo *broker.Backoff, class Class) bool {
+	held := c.m.Held.WithLabelValues(class.dependency())
+	held.Inc()
+	defer held.Dec()
 	if c.paused.Add(1) == 1 {
 		if fault.Mutated("exit_on_pause") {
 			os.Exit(3) // a deliberately broken build: crashes on an outage
@@ -615,16 +640,16 @@ func signal(pause chan<- error, err error) {
 
 // handle decides one delivery: decode, claim, pay, mark. A panic becomes a
 // terminal outcome.
-func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
+func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Context, log *zap.Logger) (out outcome) {
 	var claim idem.Claim
 	held := false // a claim this call must still mark done or release
 	defer func() {
 		if r := recover(); r != nil {
-			c.log.Error("panic while handling", zap.String("order_no", out.orderNo),
+			log.Error("panic while handling", zap.String("order_no", out.orderNo),
 				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 			out.kind, out.class, out.err = Terminal, ClassPanic, fmt.Errorf("%w: %v", errPanic, r)
 			if held {
-				out.released = c.release(ctx, out.orderNo, claim, "panic")
+				out.released = c.release(ctx, out.orderNo, claim, "panic", log)
 			}
 		}
 	}()
@@ -646,7 +671,7 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 
 	var st idem.State
 	var degraded bool
-	st, claim, degraded, err = c.claim(ctx, p.OrderNo)
+	st, claim, degraded, err = c.claim(ctx, p.OrderNo, log)
 	if err != nil {
 		return settle(err)
 	}
@@ -664,12 +689,22 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 			return settle(fmt.Errorf("order %s: %w (lease %s left)", p.OrderNo, errInFlight, claim.Remaining.Round(time.Millisecond)))
 		default:
 			c.m.Disagreements.WithLabelValues("redis_done_db_unpaid").Inc()
-			c.log.Warn("redis and database disagree: key says done, order is not paid; applying",
+			log.Warn("redis and database disagree: key says done, order is not paid; applying",
 				zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key))
 		}
 	}
 
+	// The database transaction is a child span of the message's; the
+	// notice it writes carries it as its parent.
+	db := span.Child()
+	p.Trace = db.String()
+	payStart := time.Now()
 	err = c.payer.Pay(ctx, p)
+	if c.cfg.Spans != nil {
+		c.cfg.Spans.Export(tracing.Span{Context: db, Parent: span.SpanID, Name: "paysvc pay", Kind: tracing.KindClient,
+			Start: payStart, End: time.Now(), Attrs: map[string]string{"db.system": "mysql", "paysvc.order_no": p.OrderNo},
+			Err: errText(err)})
+	}
 	kind, _ := classify(err)
 	if err == nil {
 		fault.Point("after_commit")
@@ -682,15 +717,15 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 		if kind == Duplicate {
 			// Redis let the message through as new; the database had it.
 			c.m.Disagreements.WithLabelValues("redis_new_db_applied").Inc()
-			c.log.Info("redis and database disagree: key was new, the database had the payment",
+			log.Info("redis and database disagree: key was new, the database had the payment",
 				zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key))
 		}
 		if err := c.guard.Done(bg, p.OrderNo); err != nil {
-			c.log.Warn("could not mark the key done; its lease will expire and the database stays the guard",
+			log.Warn("could not mark the key done; its lease will expire and the database stays the guard",
 				zap.String("order_no", p.OrderNo), zap.Error(err))
 		}
 	default:
-		out.released = c.release(ctx, p.OrderNo, claim, "failure")
+		out.released = c.release(ctx, p.OrderNo, claim, "failure", log)
 	}
 	held = false
 	return settle(err)
@@ -699,11 +734,11 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) (out outcome) {
 // claim takes the order's Redis key. Under CLOSED, Redis trouble is an
 // errRedisUnavailable; under OPEN it is a degraded claim (the database guards
 // alone), and Redis is skipped for a few seconds.
-func (c *Consumer) claim(ctx context.Context, orderNo string) (idem.State, idem.Claim, bool, error) {
+func (c *Consumer) claim(ctx context.Context, orderNo string, log *zap.Logger) (idem.State, idem.Claim, bool, error) {
 	open := c.cfg.RedisFallback == FallbackOpen
 	if open && time.Now().UnixNano() < c.redisDownUntil.Load() {
 		c.m.Degraded.Set(1)
-		c.log.Warn("redis guard skipped: degraded (idempotent.redisFallback=OPEN)", zap.String("order_no", orderNo))
+		log.Warn("redis guard skipped: degraded (idempotent.redisFallback=OPEN)", zap.String("order_no", orderNo))
 		return 0, idem.Claim{}, true, nil
 	}
 	st, claim, err := c.guard.Claim(ctx, orderNo)
@@ -712,24 +747,40 @@ func (c *Consumer) claim(ctx context.Context, orderNo string) (idem.State, idem.
 		return st, claim, false, nil
 	}
 	// The SET may have landed before the reply was lost: free it if we can.
-	c.release(ctx, orderNo, claim, "claim error")
+	c.release(ctx, orderNo, claim, "claim error", log)
 	if !open {
 		return 0, claim, false, fmt.Errorf("%w: %w", errRedisUnavailable, err)
 	}
 	c.redisDownUntil.Store(time.Now().Add(5 * time.Second).UnixNano())
 	c.m.Degraded.Set(1)
-	c.log.Warn("redis unavailable: going on with the database guards alone (idempotent.redisFallback=OPEN)",
+	log.Warn("redis unavailable: going on with the database guards alone (idempotent.redisFallback=OPEN)",
 		zap.String("order_no", orderNo), zap.Error(err))
 	return 0, claim, true, nil
 }
 
 // release deletes the claim if it still holds its token, even when ctx is
 // done (but within 2 s), logs it, and reports whether a key was deleted.
-func (c *Consumer) release(ctx context.Context, orderNo string, claim idem.Claim, after string) bool {
+func (c *Consumer) release(ctx context.Context, orderNo string, claim idem.Claim, after string, log *zap.Logger) bool {
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	released, err := c.guard.Release(bg, claim)
-	c.log.Info("idem key released", zap.String("order_no", orderNo), zap.String("idem_key", claim.Key),
+	log.Info("idem key released", zap.String("order_no", orderNo), zap.String("idem_key", claim.Key),
 		zap.Bool("deleted", released), zap.NamedError("release_error", err), zap.String("after", after))
 	return released
+}
+
+// parentOf is the parent span id of a message's span: the producer's span,
+// or none when the message came without a trace.
+func parentOf(in tracing.Context, traced bool) [8]byte {
+	if !traced {
+		return [8]byte{}
+	}
+	return in.SpanID
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

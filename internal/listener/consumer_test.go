@@ -323,10 +323,21 @@ func TestRedisDownClosedHoldsThenDrains(t *testing.T) {
 	if e.totalFlows() != 0 {
 		t.Fatal("payments applied without the Redis guard under CLOSED")
 	}
+	// The dashboard's pause panel: the messages in workers' hands, counted
+	// on Redis (the others are prefetched, not yet in a worker's hands).
+	if held := testutil.ToFloat64(e.metrics.Held.WithLabelValues("redis")); held < 1 || held > n {
+		t.Fatalf("paysvc_held_messages{dependency=\"redis\"} = %v, want 1 to %d", held, n)
+	}
+	if held := testutil.ToFloat64(e.metrics.Held.WithLabelValues("mysql")); held != 0 {
+		t.Fatalf("paysvc_held_messages{dependency=\"mysql\"} = %v during a Redis outage", held)
+	}
 	proxy.Up()
 	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["FIRST"] == n }, "messages did not drain after Redis came back")
 	if e.balance(5) != 10000-n*100 || e.totalFlows() != n {
 		t.Fatalf("balance %s, %d flows", e.balance(5), e.totalFlows())
+	}
+	if held := testutil.ToFloat64(e.metrics.Held.WithLabelValues("redis")); held != 0 {
+		t.Fatalf("paysvc_held_messages{dependency=\"redis\"} = %v after the drain, want 0", held)
 	}
 }
 

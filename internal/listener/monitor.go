@@ -107,6 +107,14 @@ func (m *Monitor) Poll(ctx context.Context) error {
 		return fmt.Errorf("dead letter stats: %w", err)
 	}
 	m.Metrics.DeadLettersNew.Set(float64(newCount))
+	byClass, err := m.Store.NewByClass(ctx)
+	if err != nil {
+		return fmt.Errorf("dead letter stats: %w", err)
+	}
+	m.Metrics.DeadLettersClass.Reset() // a class whose rows were all dealt with goes
+	for class, n := range byClass {
+		m.Metrics.DeadLettersClass.WithLabelValues(class).Set(float64(n))
+	}
 	var outbox int
 	if err := m.DB.GetContext(ctx, &outbox, "SELECT COUNT(*) FROM t_outbox WHERE status = 'PENDING'"); err != nil {
 		return fmt.Errorf("outbox stats: %w", err)

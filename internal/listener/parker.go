@@ -17,6 +17,7 @@ import (
 	"github.com/paysvc/paysvc/internal/deadletter"
 	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/sqldb"
+	"github.com/paysvc/paysvc/internal/tracing"
 )
 
 // Parker consumes q.pay.dlx.terminal into t_dead_letter. Each message is
@@ -107,7 +108,7 @@ func (p *Parker) session(ctx context.Context) error {
 				// gives it back.
 				wait := bo.Next()
 				p.Log.Warn("parker: cannot park; holding the message and trying again", zap.String("order_no", parked.OrderNo),
-					zap.Error(err), zap.Duration("backoff", wait))
+					zap.String("trace_id", parked.TraceID), zap.Error(err), zap.Duration("backoff", wait))
 				if !broker.Sleep(ctx, wait) {
 					return nil
 				}
@@ -119,7 +120,7 @@ func (p *Parker) session(ctx context.Context) error {
 				return err
 			}
 			p.Log.Info("terminal message parked", zap.Int64("dead_letter_id", id), zap.String("order_no", parked.OrderNo),
-				zap.String("error_class", parked.ErrorClass), zap.Bool("new", becameNew))
+				zap.String("trace_id", parked.TraceID), zap.String("error_class", parked.ErrorClass), zap.Bool("new", becameNew))
 			if p.OnParked != nil {
 				p.OnParked(id, becameNew)
 			}
@@ -140,7 +141,7 @@ func (p *Parker) park(ctx context.Context, parked deadletter.Parked) (int64, boo
 		return id, becameNew, err
 	}
 	p.Log.Error("parker: the dead-letter table refused this terminal message; parking its body alone",
-		zap.String("order_no", parked.OrderNo), zap.String("error_class", parked.ErrorClass), zap.Error(err))
+		zap.String("order_no", parked.OrderNo), zap.String("trace_id", parked.TraceID), zap.String("error_class", parked.ErrorClass), zap.Error(err))
 	if p.Metrics != nil {
 		p.Metrics.ParkFallbacks.Inc()
 	}
@@ -166,6 +167,9 @@ func parkedFrom(d amqp.Delivery, now time.Time) deadletter.Parked {
 		p.OrderNo, p.UserID, p.Amount = pay.OrderNo, &pay.UserID, &pay.Amount
 	} else {
 		p.OrderNo = lenientOrderNo(d.Body)
+	}
+	if tc, ok := tracing.FromHeaders(d.Headers); ok {
+		p.TraceID = tc.TraceIDHex()
 	}
 	p.FirstFailedAt = headerTime(d.Headers, HeaderFirstFailedAt, now)
 	p.LastFailedAt = headerTime(d.Headers, HeaderLastFailedAt, now)

@@ -4,6 +4,7 @@ package metrics
 
 import (
 	"net/http"
+	"regexp"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -36,6 +37,29 @@ type Metrics struct {
 	ReconcileProblems prometheus.Gauge
 	ReconcileLastRun  prometheus.Gauge
 	AlertFailures     prometheus.Counter
+	Held              *prometheus.GaugeVec // dependency: redis, mysql, other
+	DeadLettersClass  *prometheus.GaugeVec // class
+
+	own []prometheus.Collector
+}
+
+var fqName = regexp.MustCompile(`fqName: "([a-z_:]+)"`)
+
+// Names lists the names of paysvc's own metrics, with or without a series
+// yet (a vector without labels set has none), for the tests that check
+// that alert rules and dashboards query only what paysvc exports.
+func (m *Metrics) Names() []string {
+	var out []string
+	for _, c := range m.own {
+		ch := make(chan *prometheus.Desc, 4)
+		go func() { c.Describe(ch); close(ch) }()
+		for d := range ch {
+			if n := fqName.FindStringSubmatch(d.String()); n != nil {
+				out = append(out, n[1])
+			}
+		}
+	}
+	return out
 }
 
 // New makes and registers the collectors, with the Go and process ones.
@@ -95,14 +119,20 @@ func New() *Metrics {
 			Name: "paysvc_reconcile_problems", Help: "Problems the last scheduled reconciliation found."}),
 		ReconcileLastRun: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_reconcile_last_run_timestamp_seconds", Help: "When the last scheduled reconciliation finished (Unix time; 0: none yet)."}),
+		Held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "paysvc_held_messages", Help: "Messages workers hold while consumption is paused, by the dependency that is down (0: not paused on it)."},
+			[]string{"dependency"}),
+		DeadLettersClass: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "paysvc_dead_letters_new_by_class", Help: "Dead letters in status NEW, by error class."}, []string{"class"}),
 		AlertFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paysvc_alert_webhook_failures_total", Help: "Rounds of dead-letter alerts the webhook refused or did not answer."}),
 	}
-	r.MustRegister(m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
+	m.own = []prometheus.Collector{m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
 		m.Pauses, m.Failovers, m.Paused, m.RequeuedAlone, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.ReconcileProblems,
-		m.ReconcileLastRun, m.AlertFailures,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.ReconcileLastRun, m.AlertFailures, m.Held, m.DeadLettersClass}
+	r.MustRegister(m.own...)
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every known series from the start, at 0: an alert on increase() sees
 	// the first event, and a dashboard has a line before anything happened.
 	for _, res := range []string{"FIRST", "DUPLICATE", "RETRY", "TERMINAL", "REQUEUE"} {
@@ -113,6 +143,9 @@ func New() *Metrics {
 	}
 	for _, c := range []string{"consumer", "monitor"} {
 		m.Reconnects.WithLabelValues(c)
+	}
+	for _, d := range []string{"redis", "mysql", "other"} {
+		m.Held.WithLabelValues(d)
 	}
 	// The ages the monitor samples (listener.MainQueue, TerminalQueue).
 	for _, q := range []string{"q.pay.success", "q.pay.dlx.terminal"} {

@@ -19,6 +19,9 @@ type Payment struct {
 	OrderNo string
 	UserID  int64
 	Amount  money.Cents
+	// Trace is the W3C traceparent the payment's notice is published with
+	// ("" for none): the trace of the message that paid it.
+	Trace string
 }
 
 // Store reads orders and applies payments.

@@ -109,17 +109,18 @@ func newSetWrite(ps []Payment, now time.Time, noticeLease time.Duration) setWrit
 	cases()
 	// With a notice lease the notices are born leased to this process,
 	// which publishes them itself after the COMMIT (Store.NoticeLease).
-	item := "(?, ?, ?)"
-	q.WriteString(";\nINSERT INTO t_outbox (event_type, biz_no, payload")
+	item := "(?, ?, ?, ?)"
+	q.WriteString(";\nINSERT INTO t_outbox (event_type, biz_no, payload, traceparent")
 	if noticeLease > 0 {
 		q.WriteString(", attempts, next_attempt_at")
-		item = fmt.Sprintf("(?, ?, ?, 1, CURRENT_TIMESTAMP(3) + INTERVAL %d MICROSECOND)", noticeLease.Microseconds())
+		item = fmt.Sprintf("(?, ?, ?, ?, 1, CURRENT_TIMESTAMP(3) + INTERVAL %d MICROSECOND)", noticeLease.Microseconds())
 	}
 	q.WriteString(") VALUES ")
 	list(len(ps), item, func(i int) {
 		arg(outbox.EventPaymentSucceeded)
 		arg(ps[i].OrderNo)
 		arg(string(outbox.PaymentSucceeded(ps[i].OrderNo, ps[i].UserID, ps[i].Amount, now)))
+		arg(ps[i].Trace)
 	})
 	n := int64(len(ps))
 	return setWrite{query: q.String(), args: args, want: []int64{0, n, n, int64(len(sums)), n}}

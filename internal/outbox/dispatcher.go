@@ -140,7 +140,7 @@ func (d *Dispatcher) session(ctx context.Context) error {
 func (d *Dispatcher) dispatchOffered(ctx context.Context, pub *broker.Publisher, orderNos []string) error {
 	for len(orderNos) > 0 {
 		n := min(len(orderNos), broker.MaxBatch)
-		q, args, err := sqlx.In(`SELECT id, biz_no, payload, attempts FROM t_outbox
+		q, args, err := sqlx.In(`SELECT id, biz_no, payload, attempts, traceparent FROM t_outbox
 			WHERE biz_no IN (?) AND event_type = ? AND status = 'PENDING'`, orderNos[:n], EventPaymentSucceeded)
 		if err != nil {
 			return err
@@ -167,10 +167,11 @@ const LeaseTime = 60 * time.Second
 
 // notice is a row taken for publishing.
 type notice struct {
-	ID       int64  `db:"id"`
-	BizNo    string `db:"biz_no"`
-	Payload  []byte `db:"payload"`
-	Attempts int    `db:"attempts"`
+	ID          int64  `db:"id"`
+	BizNo       string `db:"biz_no"`
+	Payload     []byte `db:"payload"`
+	Attempts    int    `db:"attempts"`
+	Traceparent string `db:"traceparent"` // the payment's trace context, "" for none
 }
 
 // DispatchOnce publishes up to Batch due notices and returns how many it
@@ -184,7 +185,7 @@ type notice struct {
 func (d *Dispatcher) DispatchOnce(ctx context.Context, pub *broker.Publisher) (int, error) {
 	var rows []notice
 	err := sqldb.InTx(ctx, d.DB, func(tx *sqldb.Tx) error {
-		err := tx.SelectContext(ctx, &rows, `SELECT id, biz_no, payload, attempts FROM t_outbox
+		err := tx.SelectContext(ctx, &rows, `SELECT id, biz_no, payload, attempts, traceparent FROM t_outbox
 			WHERE status = 'PENDING' AND next_attempt_at <= CURRENT_TIMESTAMP(3)
 			ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED`, min(d.Batch, broker.MaxBatch))
 		if err != nil || len(rows) == 0 {
@@ -217,7 +218,12 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context, pub *broker.Publisher) (i
 func (d *Dispatcher) publish(ctx context.Context, pub *broker.Publisher, rows []notice) (int, error) {
 	msgs := make([]amqp.Publishing, len(rows))
 	for i, r := range rows {
+		var headers amqp.Table
+		if r.Traceparent != "" {
+			headers = amqp.Table{"traceparent": r.Traceparent}
+		}
 		msgs[i] = amqp.Publishing{
+			Headers:      headers,
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
 			MessageId:    "outbox-" + strconv.FormatInt(r.ID, 10),

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/outbox"
+	"github.com/paysvc/paysvc/internal/testenv"
+	"github.com/paysvc/paysvc/internal/tracing"
+)
+
+// collector is an OTLP/HTTP endpoint that keeps the spans it is sent.
+type collector struct {
+	mu    sync.Mutex
+	spans []map[string]any
+}
+
+func (c *collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/v1/traces" || r.Header.Get("Content-Type") != "application/json" {
+		http.Error(w, "want POST /v1/traces, JSON", http.StatusBadRequest)
+		return
+	}
+	var body struct {
+		ResourceSpans []struct {
+			ScopeSpans []struct {
+				Spans []map[string]any `json:"spans"`
+			} `json:"scopeSpans"`
+		} `json:"resourceSpans"`
+	}
+	b, _ := io.ReadAll(r.Body)
+	if err := json.Unmarshal(b, &body); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, rs := range body.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			c.spans = append(c.spans, ss.Spans...)
+		}
+	}
+}
+
+func (c *collector) find(match func(map[string]any) bool) map[string]any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.spans {
+		if match(s) {
+			return s
+		}
+	}
+	return nil
+}
+
+func attr(s map[string]any, key string) string {
+	as, _ := s["attributes"].([]any)
+	for _, a := range as {
+		m, _ := a.(map[string]any)
+		if m["key"] == key {
+			v, _ := m["value"].(map[string]any)
+			str, _ := v["stringValue"].(string)
+			return str
+		}
+	}
+	return ""
+}
+
+// publishTraced publishes a payment with a producer's traceparent.
+func publishTraced(t *testing.T, url string, tc tracing.Context, body []byte) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Confirm(false)
+	conf, err := ch.PublishWithDeferredConfirm("", listener.MainQueue, true, false, amqp.Publishing{
+		ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: body,
+		Headers: amqp.Table{tracing.Header: tc.String()}})
+	if err != nil || !conf.Wait() {
+		t.Fatalf("publish: %v", err)
+	}
+}
+
+// A producer's traceparent travels with its payment: into every log line
+// of the message (trace_id), onto the retry copy, the terminal copy and
+// its dead letter (t_dead_letter.trace_id), onto the payment's notice; and
+// the OTLP collector gets the message's span, a child of the producer's,
+// with the database transaction as its child.
+func TestTraceContextTravelsWithThePayment(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	col := &collector{}
+	srv := httptest.NewServer(col)
+	defer srv.Close()
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (31, 100.00), (32, 1.00), (33, 100.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('TR1', 31, 5.00), ('TR2', 32, 5.00), ('TR3', 33, 5.00)")
+	_, logs := w.daemonInProcess("PAYSVC_TRACE_OTLPENDPOINT="+srv.URL, "PAYSVC_RETRY_DELAYS=30s")
+
+	paid, short, bad := tracing.New(), tracing.New(), tracing.New()
+	publishTraced(t, w.amqpURL, paid, payment("TR1", 31, "5.00"))
+	publishTraced(t, w.amqpURL, short, payment("TR2", 32, "5.00"))                            // balance 1.00: a retry
+	publishTraced(t, w.amqpURL, bad, []byte(`{"orderNo":"TR3","userId":33,"amount":"6.00"}`)) // mismatch: terminal
+
+	// The notice of TR1, with the payment's trace.
+	conn, err := amqp.Dial(w.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(queue string) (amqp.Delivery, bool) {
+		var d amqp.Delivery
+		var ok bool
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			d, ok, _ = ch.Get(queue, true)
+			return ok
+		}, "nothing in %s", queue)
+		return d, ok
+	}
+	notice, _ := get(outbox.Queue)
+	retry, _ := get(listener.WaitQueue(30 * time.Second))
+	for _, c := range []struct {
+		what string
+		d    amqp.Delivery
+		want tracing.Context
+	}{{"the notice of TR1", notice, paid}, {"the retry copy of TR2", retry, short}} {
+		got, ok := tracing.FromHeaders(c.d.Headers)
+		if !ok || got.TraceID != c.want.TraceID || got.SpanID == c.want.SpanID {
+			t.Errorf("%s: traceparent %v, want trace %s with paysvc's span as parent", c.what, c.d.Headers[tracing.Header], c.want.TraceIDHex())
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_dead_letter WHERE order_no = 'TR3' AND trace_id = ?", bad.TraceIDHex()) == 1
+	}, "the dead letter of TR3 does not carry its trace id")
+
+	// Every log line that names the orders carries their trace id.
+	for no, tc := range map[string]tracing.Context{"TR1": paid, "TR2": short, "TR3": bad} {
+		n := 0
+		for _, e := range jsonLines(t, logs.String()) {
+			if e["order_no"] != no {
+				continue
+			}
+			n++
+			if e["trace_id"] != tc.TraceIDHex() {
+				t.Errorf("%s: log line %q has trace_id %v, want %s", no, e["msg"], e["trace_id"], tc.TraceIDHex())
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s: no log line", no)
+		}
+	}
+
+	// The spans: the message's, child of the producer's; the transaction's, child of it.
+	var process map[string]any
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		process = col.find(func(s map[string]any) bool {
+			return s["traceId"] == paid.TraceIDHex() && attr(s, "paysvc.result") == "FIRST"
+		})
+		return process != nil
+	}, "no span for TR1's message")
+	if process["parentSpanId"] != paid.SpanIDHex() || process["kind"] != float64(tracing.KindConsumer) {
+		t.Errorf("TR1's span: parent %v kind %v, want the producer's span %s and CONSUMER", process["parentSpanId"], process["kind"], paid.SpanIDHex())
+	}
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		return col.find(func(s map[string]any) bool {
+			return s["traceId"] == paid.TraceIDHex() && s["parentSpanId"] == process["spanId"] && s["name"] == "paysvc pay"
+		}) != nil
+	}, "no database span under TR1's message span")
+	// The notice names the database transaction that wrote it as its parent.
+	noticeParent, _ := tracing.FromHeaders(notice.Headers)
+	if col.find(func(s map[string]any) bool {
+		return s["name"] == "paysvc pay" && s["spanId"] == noticeParent.SpanIDHex() && s["parentSpanId"] == process["spanId"]
+	}) == nil {
+		t.Errorf("the notice's parent %s is not TR1's database span", noticeParent.SpanIDHex())
+	}
+}
