@@ -28,10 +28,10 @@ test: services test-tools lint rules
 
 # The alert rules: syntax, and promtool's unit tests (every rule fires on the
 # series it should; deploy/prometheus/*_test.yaml).
-PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo tmp/tools/promtool)
 rules: test-tools
-	$(PROMTOOL) check rules deploy/prometheus/alerts.yaml deploy/prometheus/reconcile-alerts.yaml
-	cd deploy/prometheus && $(abspath $(PROMTOOL)) test rules alerts_test.yaml reconcile-alerts_test.yaml
+	P=$$(command -v promtool || echo $(CURDIR)/tmp/tools/promtool) && \
+	$$P check rules deploy/prometheus/alerts.yaml deploy/prometheus/reconcile-alerts.yaml && \
+	cd deploy/prometheus && $$P test rules alerts_test.yaml reconcile-alerts_test.yaml
 
 demo: services
 	scripts/demo.sh

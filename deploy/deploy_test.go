@@ -371,13 +371,24 @@ func TestComposeCluster(t *testing.T) {
 	if !strings.Contains(sentinelCmd, "sentinel monitor paysvc redis-master 6379 2") {
 		t.Errorf("the sentinels do not watch the master with a quorum of 2: %s", sentinelCmd)
 	}
+	// The broker URLs come in a secret file; the documented value lists every node.
+	rawCluster, _ := os.ReadFile("compose.cluster.yaml")
+	documented := regexp.MustCompile(`(?m)^#\s+PAYSVC_AMQP_URL=(\S+)$`).FindStringSubmatch(string(rawCluster))
+	for _, n := range []string{"rabbit-1", "rabbit-2", "rabbit-3"} {
+		if documented == nil || !strings.Contains(documented[1], "@"+n+":5672/") {
+			t.Errorf("the documented PAYSVC_AMQP_URL does not list %s: %v", n, documented)
+		}
+	}
+	if get(d, "secrets", "amqp_url", "environment") != "PAYSVC_AMQP_URL" || get(services["migrate"], "environment", "PAYSVC_MYSQL_DSN_FILE") != "/run/secrets/mysql_migrate_dsn" {
+		t.Error("the broker URL must reach paysvc as a secret file, and migrate must use the migration user")
+	}
 	for _, s := range []string{"paysvc-1", "paysvc-2", "paysvc-3"} {
 		env, _ := get(services[s], "environment").(map[string]any)
-		urls, _ := env["PAYSVC_AMQP_URL"].(string)
-		for _, n := range []string{"rabbit-1", "rabbit-2", "rabbit-3"} {
-			if !strings.Contains(urls, "@"+n+":5672/") {
-				t.Errorf("%s: PAYSVC_AMQP_URL does not list %s: %s", s, n, urls)
-			}
+		if env["PAYSVC_AMQP_URL"] != nil || env["PAYSVC_AMQP_URL_FILE"] != "/run/secrets/amqp_url" {
+			t.Errorf("%s: the broker URL must come from the secret file: %v", s, env)
+		}
+		if get(services[s], "depends_on", "grants", "condition") != "service_completed_successfully" {
+			t.Errorf("%s: must wait for its least-privilege user (grants)", s)
 		}
 		if env["PAYSVC_REDIS_MASTERNAME"] != "paysvc" || !strings.Contains(fmt.Sprint(env["PAYSVC_REDIS_ADDR"]), "sentinel-3:26379") {
 			t.Errorf("%s: Redis is not reached through the Sentinels", s)

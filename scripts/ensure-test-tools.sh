@@ -2,9 +2,9 @@
 # Test tools beyond the servers, installed when missing, fast when present:
 #   chromium  Debian's headless Chromium, for the admin page's browser test;
 #   promtool  from Debian's prometheus package, for the alert rules' unit
-#             tests. Only the promtool binary is taken (into tmp/tools/,
-#             or PROMTOOL_DIR): the package's Prometheus server is never
-#             installed or started.
+#             tests. Only the promtool binary is taken (into
+#             /usr/local/bin as root, else tmp/tools/, or PROMTOOL_DIR):
+#             the package's Prometheus server is never installed or started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=
@@ -23,8 +23,12 @@ else
 	echo "chromium: installed"
 fi
 
-dir=${PROMTOOL_DIR:-tmp/tools}
-if command -v promtool >/dev/null 2>&1 || [ -x "$dir/promtool" ]; then
+# Root installs it for the machine (/usr/local/bin, as apt would); anyone
+# else into the checkout.
+default_dir=tmp/tools
+if [ -w /usr/local/bin ]; then default_dir=/usr/local/bin; fi
+dir=${PROMTOOL_DIR:-$default_dir}
+if command -v promtool >/dev/null 2>&1 || [ -x "$dir/promtool" ] || [ -x tmp/tools/promtool ]; then
 	echo "promtool: present"
 else
 	echo "promtool: taking it from Debian's prometheus package"

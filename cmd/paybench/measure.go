@@ -360,7 +360,43 @@ func percentiles(ds []time.Duration) (p50, p99, p999 time.Duration) {
 
 // latencies are an open loop's publish→payment percentiles, and the
 // handling (delivery to ack) p99 when the consumer ran in process.
-type latencies struct{ p50, p99, p999, handlingP99 time.Duration }
+type latencies struct {
+	p50, p99, p999, handlingP99 time.Duration
+	// worst is the second of the run (by publish time) whose payments
+	// waited longest: where a stall was, for whoever reads a bad p99.
+	worst string
+}
+
+// worstSecond names the second after start whose messages waited longest
+// (by their publish time), with how many of them waited over 50 ms.
+func worstSecond(start time.Time, sent []time.Time, lat []time.Duration) string {
+	type bucket struct {
+		max  time.Duration
+		slow int
+	}
+	buckets := map[int]*bucket{}
+	worst := -1
+	for i, at := range sent {
+		sec := int(at.Sub(start) / time.Second)
+		b := buckets[sec]
+		if b == nil {
+			b = &bucket{}
+			buckets[sec] = b
+		}
+		b.max = max(b.max, lat[i])
+		if lat[i] > 50*time.Millisecond {
+			b.slow++
+		}
+		if worst < 0 || b.max > buckets[worst].max {
+			worst = sec
+		}
+	}
+	if worst < 0 {
+		return ""
+	}
+	return fmt.Sprintf("worst second +%ds (%s UTC): max %s, %d payments over 50ms", worst,
+		start.Add(time.Duration(worst)*time.Second).UTC().Format("15:04:05"), ms(buckets[worst].max), buckets[worst].slow)
+}
 
 // openLoop publishes payments at a fixed rate for d into a consumer started
 // for it (the real daemon, or paysvc's consumer in this process, wired as
@@ -450,9 +486,13 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration, us
 		idx[p.orderNo] = i
 	}
 	all := make([]time.Duration, 0, n)
+	byMsg := make([]time.Duration, n)
 	for _, r := range rows {
-		all = append(all, max(r.PayTime.Sub(sent[idx[r.OrderNo]]), 0))
+		d := max(r.PayTime.Sub(sent[idx[r.OrderNo]]), 0)
+		all = append(all, d)
+		byMsg[idx[r.OrderNo]] = d
 	}
+	lat.worst = worstSecond(start, sent, byMsg)
 	lat.p50, lat.p99, lat.p999 = percentiles(all)
 	rec.mu.Lock()
 	if len(rec.durs) > 0 {

@@ -293,6 +293,19 @@ func TestAdminBulkActionsInBrowser(t *testing.T) {
 		chromedp.WaitVisible(`button.replay-class[data-class="balance_not_enough"]`, chromedp.ByQuery),
 		chromedp.Click(`button.replay-class[data-class="balance_not_enough"]`, chromedp.ByQuery),
 		chromedp.WaitVisible("#confirm", chromedp.ByID),
+	)
+	if err != nil {
+		t.Fatalf("browser: %v", err)
+	}
+	// A payment of the same class parked between the dry run and the
+	// confirmation is not swept in: the confirmation names the rows shown.
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (62, 1.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('BK3', 62, 5.00)")
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("BK3", 62, "5.00"))
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_dead_letter WHERE order_no = 'BK3' AND status = 'NEW'") == 1
+	}, "BK3 was not parked")
+	err = chromedp.Run(ctx,
 		chromedp.SendKeys("#bulk-reason", "accounts topped up", chromedp.ByID),
 		chromedp.Click("#confirm", chromedp.ByID),
 		chromedp.WaitNotPresent("#confirm", chromedp.ByID),
@@ -316,6 +329,9 @@ func TestAdminBulkActionsInBrowser(t *testing.T) {
 	}, "the replayed class was not paid")
 	if w.count(`SELECT COUNT(*) FROM t_dead_letter_event WHERE event = 'REPLAYED' AND operator = 'carol'`) != 2 {
 		t.Fatal("the class replay is not recorded under carol")
+	}
+	if w.count("SELECT COUNT(*) FROM t_dead_letter WHERE order_no = 'BK3' AND status = 'NEW'") != 1 {
+		t.Fatal("a row parked after the dry run was replayed with the class")
 	}
 }
 

@@ -320,7 +320,9 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 	}
 	var rows []deadletter.DeadLetter
 	var ids []string
-	if class != "" {
+	// A class selects its NEW rows for the dry run; the confirmation names
+	// the rows the dry run showed, so rows parked since are not swept in.
+	if class != "" && len(r.Form["id"]) == 0 {
 		var err error
 		if rows, err = s.Store.List(r.Context(), deadletter.Filter{Class: class, Status: deadletter.New, Limit: maxBulk}); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

@@ -179,7 +179,8 @@ func TestIdleTransactionOfABlackholedClientEnds(t *testing.T) {
 }
 
 // With binary logging in STATEMENT format, READ COMMITTED writes fail and
-// ROW_COUNT() chains replicate wrongly: Open refuses, saying what to set.
+// the outbox's LIMIT ... SKIP LOCKED leases replicate wrongly: Open refuses,
+// saying what to set.
 func TestOpenRefusesStatementBinlog(t *testing.T) {
 	t.Parallel()
 	addr := testenv.MariaDB(t, "--log-bin=binlog", "--binlog-format=STATEMENT", "--server-id=1")

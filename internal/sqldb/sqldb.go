@@ -150,8 +150,8 @@ func inspect(ctx context.Context, cfg *mysql.Config) (server, error) {
 	}
 	if logBin == 1 && strings.EqualFold(format, "STATEMENT") {
 		return server{}, &SettingsError{fmt.Errorf("mysql %s: binary logging with binlog_format=STATEMENT: "+
-			"paysvc runs its payments under READ COMMITTED, which InnoDB refuses to log as statements, and a "+
-			"payment's ROW_COUNT() guards are unsafe for statement replication; set binlog_format=ROW (or MIXED)", cfg.Addr)}
+			"paysvc runs its payments under READ COMMITTED, which InnoDB refuses to log as statements, and the "+
+			"outbox's ORDER BY ... LIMIT ... SKIP LOCKED leases are unsafe for statement replication; set binlog_format=ROW (or MIXED)", cfg.Addr)}
 	}
 	if !strictMode(mode) {
 		return server{}, &SettingsError{fmt.Errorf("mysql %s: sql_mode %q is not strict: an oversized or out-of-range "+
