@@ -255,7 +255,7 @@ func (s *Server) show(w http.ResponseWriter, r *http.Request) {
 // target reads the row and the reason of a replay or discard; the operator
 // is the one signed in, never a form field.
 func (s *Server) target(w http.ResponseWriter, r *http.Request) (deadletter.DeadLetter, string, string, bool) {
-	reason, operator := strings.TrimSpace(r.FormValue("reason")), operator(r)
+	reason := strings.TrimSpace(r.FormValue("reason"))
 	d, _, ok := s.get(w, r)
 	if !ok {
 		return d, "", "", false
@@ -264,7 +264,7 @@ func (s *Server) target(w http.ResponseWriter, r *http.Request) (deadletter.Dead
 		s.back(w, r, d.ID, "a reason is required")
 		return d, "", "", false
 	}
-	return d, reason, operator, true
+	return d, reason, operator(r), true
 }
 
 func (s *Server) back(w http.ResponseWriter, r *http.Request, id int64, msg string) {

@@ -6,9 +6,10 @@
 package tracing
 
 import (
-	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 )
 
@@ -53,19 +54,33 @@ func Parse(s string) (c Context, ok bool) {
 	return c, true
 }
 
+// Trace and span ids need to be unique, not secret: they come from the
+// runtime's per-thread generator (math/rand/v2), with no system call on the
+// path of every message.
+
 // New starts a trace: a random trace id and span id, sampled.
 func New() Context {
 	var c Context
-	rand.Read(c.TraceID[:])
-	rand.Read(c.SpanID[:])
+	binary.LittleEndian.PutUint64(c.TraceID[:8], nonZero())
+	binary.LittleEndian.PutUint64(c.TraceID[8:], rand.Uint64())
+	binary.LittleEndian.PutUint64(c.SpanID[:], nonZero())
 	c.Flags = 1
 	return c
 }
 
 // Child is a new span of the same trace.
 func (c Context) Child() Context {
-	rand.Read(c.SpanID[:])
+	binary.LittleEndian.PutUint64(c.SpanID[:], nonZero())
 	return c
+}
+
+// nonZero is a random uint64 other than 0 (an all-zero id is invalid).
+func nonZero() uint64 {
+	for {
+		if v := rand.Uint64(); v != 0 {
+			return v
+		}
+	}
 }
 
 // String is the traceparent value naming this span as the parent.
