@@ -22,7 +22,7 @@ type killingConnector struct {
 }
 
 // killTimeout bounds the side connection that sends the KILL.
-const killTimeout = 5 * time.Second
+const killTimeout = 15 * time.Second
 
 func (k killingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	c, err := k.Connector.Connect(ctx)
@@ -80,18 +80,26 @@ func (c *killingConn) watch(ctx context.Context) func() {
 		c.killed.Store(true)
 		kctx, cancel := context.WithTimeout(context.Background(), killTimeout)
 		defer cancel()
-		side, err := c.connector.Connect(kctx)
-		if err != nil {
-			return // the server is unreachable: the statement dies with the connection
-		}
-		defer side.Close()
 		// Kill until the server has let go of the thread: a KILL that
 		// overtakes its statement under load has been seen to leave it
-		// running.
+		// running. A side connection refused for the moment (too many
+		// connections under load) is tried again; a server that stays
+		// unreachable ends the statement with the connection anyway.
+		var side driver.Conn
+		defer func() {
+			if side != nil {
+				side.Close()
+			}
+		}()
 		for kctx.Err() == nil {
-			side.(driver.ExecerContext).ExecContext(kctx, fmt.Sprintf("KILL CONNECTION %d", c.id), nil)
-			if gone(kctx, side, c.id) {
-				return
+			if side == nil {
+				side, _ = c.connector.Connect(kctx)
+			}
+			if side != nil {
+				side.(driver.ExecerContext).ExecContext(kctx, fmt.Sprintf("KILL CONNECTION %d", c.id), nil)
+				if gone(kctx, side, c.id) {
+					return
+				}
 			}
 			select {
 			case <-kctx.Done():
