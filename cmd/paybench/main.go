@@ -81,6 +81,7 @@ func main() {
 	flag.IntVar(&o.defaults.groupConns, "group-conns", o.defaults.groupConns, "mysql.groupConns of the default run")
 	flag.BoolVar(&o.noPipeline, "no-redis-pipeline", false, "one Redis round trip per claim and done mark (comparison)")
 	openRate := flag.Float64("open-rate", 0, "the open loop's rate (0: half the default run's peak, or 500)")
+	openDaemon := flag.Bool("open-daemon", false, "run the open phase into the paysvc daemon (as the compare rounds do), not the in-process consumer")
 	rounds := flag.Int("rounds", 1, "repeat the best ceiling, default and article runs this many times, interleaved, and report medians")
 	flag.Parse()
 	mysql.SetLogger(log.New(io.Discard, "", 0))
@@ -183,12 +184,12 @@ func main() {
 		case rate == 0:
 			rate = 500
 		}
-		lat, err := openLoop(ctx, o, rate, 10*time.Second, false)
+		lat, err := openLoop(ctx, o, rate, 10*time.Second, *openDaemon)
 		if err != nil {
 			fail(err)
 		}
 		row(fmt.Sprintf("open loop at %.0f msg/s (half the peak), publish→payment", rate), rate,
-			fmt.Sprintf("p50 %s  p99 %s  p99.9 %s; handling (delivery to ack) p99 %s", ms(lat.p50), ms(lat.p99), ms(lat.p999), ms(lat.handlingP99)))
+			fmt.Sprintf("p50 %s  p99 %s  p99.9 %s; handling (delivery to ack) p99 %s; %s", ms(lat.p50), ms(lat.p99), ms(lat.p999), ms(lat.handlingP99), lat.worst))
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -394,8 +396,15 @@ func worstSecond(start time.Time, sent []time.Time, lat []time.Duration) string 
 	if worst < 0 {
 		return ""
 	}
-	return fmt.Sprintf("worst second +%ds (%s UTC): max %s, %d payments over 50ms", worst,
-		start.Add(time.Duration(worst)*time.Second).UTC().Format("15:04:05"), ms(buckets[worst].max), buckets[worst].slow)
+	slow := make([]string, 0, len(buckets))
+	for sec := 0; sec < len(buckets); sec++ {
+		if b := buckets[sec]; b != nil {
+			slow = append(slow, strconv.Itoa(b.slow))
+		}
+	}
+	return fmt.Sprintf("worst second +%ds (%s UTC): max %s, %d payments over 50ms; over 50ms per second: %s", worst,
+		start.Add(time.Duration(worst)*time.Second).UTC().Format("15:04:05"), ms(buckets[worst].max), buckets[worst].slow,
+		strings.Join(slow, " "))
 }
 
 // openLoop publishes payments at a fixed rate for d into a consumer started
