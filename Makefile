@@ -17,14 +17,17 @@ services:
 test-tools:
 	scripts/ensure-test-tools.sh
 
+# Both modules: the service's (.) and the tools' (tools/: paybench, paychaos).
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags faultinject ./...
+	cd tools && $(GO) vet ./... && $(GO) vet -tags faultinject ./...
 
 # Unit and integration tests against the real servers (never skipped).
 test: services test-tools lint rules
 	$(GO) test $(TESTFLAGS) ./...
+	cd tools && $(GO) test $(TESTFLAGS) ./...
 
 # The alert rules: syntax, and promtool's unit tests (every rule fires on the
 # series it should; deploy/prometheus/*_test.yaml).
@@ -40,7 +43,7 @@ demo: services
 # injected, money invariants checked. A few minutes. Last line: N passed, M failed.
 chaos: services
 	$(GO) build -tags faultinject -o bin/paysvc-faultinject ./cmd/paysvc
-	$(GO) build -o bin/paychaos ./cmd/paychaos
+	cd tools && $(GO) build -o ../bin/paychaos ./paychaos
 	bin/paychaos -binary bin/paysvc-faultinject $(if $(SEED),-seed $(SEED))
 
 # The cluster suite: a 3-node RabbitMQ cluster, Redis with a replica and
@@ -49,7 +52,7 @@ chaos: services
 # node and master failures. About 2 minutes here; needs root.
 chaos-cluster: services
 	$(GO) build -tags faultinject -o bin/paysvc-faultinject ./cmd/paysvc
-	$(GO) build -o bin/paychaos ./cmd/paychaos
+	cd tools && $(GO) build -o ../bin/paychaos ./paychaos
 	bin/paychaos -cluster -binary bin/paysvc-faultinject $(if $(SEED),-seed $(SEED))
 
 # A seeded random mix of every fault: make soak SEED=42 DURATION=10m
@@ -57,7 +60,7 @@ SEED ?=
 DURATION ?= 10m
 soak: services
 	$(GO) build -tags faultinject -o bin/paysvc-faultinject ./cmd/paysvc
-	$(GO) build -o bin/paychaos ./cmd/paychaos
+	cd tools && $(GO) build -o ../bin/paychaos ./paychaos
 	bin/paychaos -soak -binary bin/paysvc-faultinject -duration $(DURATION) $(if $(SEED),-seed $(SEED))
 
 clean:
@@ -68,6 +71,6 @@ clean:
 BENCHFLAGS ?= -n 20000 -rounds 5
 bench: services
 	$(GO) build -o bin/paysvc ./cmd/paysvc
-	$(GO) build -o bin/paybench ./cmd/paybench
+	cd tools && $(GO) build -o ../bin/paybench ./paybench
 	bin/paybench $(BENCHFLAGS)
 	$(GO) test -run XXX -bench . -benchmem ./internal/listener/ ./internal/money/
