@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -27,7 +28,22 @@ type Dispatcher struct {
 	// Handoff, if not nil, carries the order numbers of notices this
 	// process committed leased to itself (Offer).
 	Handoff chan []string
+	// MarkDelay is how long the SENT marks of handed-over notices may wait
+	// to share one UPDATE (0: DefaultMarkDelay). A notice published and not
+	// yet marked when the process dies is sent again after its lease, as
+	// any notice sent and not marked: notices are at least once.
+	MarkDelay time.Duration
+
+	marks int // UPDATE statements marking notices sent (tests)
 }
+
+// DefaultMarkDelay: the SENT marks of the notices handed over in this long
+// share one statement (one commit, one redo log flush) instead of one per
+// publish batch; markMax of them are marked at once.
+const (
+	DefaultMarkDelay = 200 * time.Millisecond
+	markMax          = 1000
+)
 
 // Offer hands the dispatcher the notices of payments its own process
 // committed, written leased to it (order.Store.NoticeLease): it publishes
@@ -104,10 +120,32 @@ func (d *Dispatcher) session(ctx context.Context) error {
 	defer pub.Close()
 	poll := time.NewTimer(0)
 	defer poll.Stop()
+	// The handed-over notices published and not marked yet. Every way out
+	// marks them first (bounded: the publishes are done).
+	var unmarked []int64
+	markDue := time.NewTimer(time.Hour)
+	markDue.Stop()
+	defer markDue.Stop()
+	flush := func() error {
+		markDue.Stop()
+		err := d.markSent(ctx, unmarked)
+		unmarked = unmarked[:0]
+		return err
+	}
+	defer func() {
+		if err := flush(); err != nil {
+			d.Log.Warn("outbox dispatcher: notices sent, not marked; sent again after their lease", zap.Error(err))
+		}
+	}()
+	delay := cmp.Or(d.MarkDelay, DefaultMarkDelay)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-markDue.C:
+			if err := flush(); err != nil {
+				return err
+			}
 		case nos := <-d.Handoff:
 			for more := true; more && len(nos) < d.Batch; {
 				select {
@@ -117,7 +155,16 @@ func (d *Dispatcher) session(ctx context.Context) error {
 					more = false
 				}
 			}
-			if err := d.dispatchOffered(ctx, pub, nos); err != nil {
+			sent, err := d.dispatchOffered(ctx, pub, nos)
+			if len(unmarked) == 0 && len(sent) > 0 {
+				markDue.Reset(delay)
+			}
+			if unmarked = append(unmarked, sent...); len(unmarked) >= markMax {
+				if ferr := flush(); err == nil {
+					err = ferr
+				}
+			}
+			if err != nil {
 				return err
 			}
 		case <-poll.C:
@@ -135,28 +182,30 @@ func (d *Dispatcher) session(ctx context.Context) error {
 }
 
 // dispatchOffered publishes the pending notices of the offered order
-// numbers. They were written leased to this process: a plain read finds
-// them, and no other dispatcher takes them before their lease ends.
-func (d *Dispatcher) dispatchOffered(ctx context.Context, pub *broker.Publisher, orderNos []string) error {
+// numbers and returns the ids of those sent, to be marked by the caller.
+// They were written leased to this process: a plain read finds them, and no
+// other dispatcher takes them before their lease ends.
+func (d *Dispatcher) dispatchOffered(ctx context.Context, pub *broker.Publisher, orderNos []string) (sent []int64, err error) {
 	for len(orderNos) > 0 {
 		n := min(len(orderNos), broker.MaxBatch)
 		q, args, err := sqlx.In(`SELECT id, biz_no, payload, attempts, traceparent FROM t_outbox
 			WHERE biz_no IN (?) AND event_type = ? AND status = 'PENDING'`, orderNos[:n], EventPaymentSucceeded)
 		if err != nil {
-			return err
+			return sent, err
 		}
 		var rows []notice
 		if err := d.DB.SelectContext(ctx, &rows, q, args...); err != nil {
-			return fmt.Errorf("outbox: read offered notices: %w", err)
+			return sent, fmt.Errorf("outbox: read offered notices: %w", err)
 		}
 		if len(rows) > 0 {
-			if _, err := d.publish(ctx, pub, rows); err != nil {
-				return err
+			ok, err := d.publish(ctx, pub, rows)
+			if sent = append(sent, ok...); err != nil {
+				return sent, err
 			}
 		}
 		orderNos = orderNos[n:]
 	}
-	return nil
+	return sent, nil
 }
 
 // LeaseTime is how long a notice taken by one dispatcher stays hidden from
@@ -208,14 +257,37 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context, pub *broker.Publisher) (i
 	for i := range rows {
 		rows[i].Attempts++ // the lease counted this attempt
 	}
-	return d.publish(ctx, pub, rows)
+	sent, err := d.publish(ctx, pub, rows)
+	if merr := d.markSent(ctx, sent); merr != nil {
+		return 0, merr
+	}
+	return len(sent), err
 }
 
-// publish sends leased rows, with one confirm wait for the batch, marks the
-// sent ones in one statement and schedules the failed ones again with
-// backoff (1 s, 2 s, 4 s... 5 min); it returns how many it sent and the
-// first failure.
-func (d *Dispatcher) publish(ctx context.Context, pub *broker.Publisher, rows []notice) (int, error) {
+// markSent marks the sent notices in one statement, even when ctx ended
+// (the publishes are done), within 10 s. Sent and not marked, a notice is
+// sent again after its lease.
+func (d *Dispatcher) markSent(ctx context.Context, sent []int64) error {
+	if len(sent) == 0 {
+		return nil
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	q, args, err := sqlx.In(`UPDATE t_outbox SET status = 'SENT', sent_time = CURRENT_TIMESTAMP(3) WHERE id IN (?)`, sent)
+	if err == nil {
+		d.marks++
+		_, err = d.DB.ExecContext(mctx, q, args...)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: mark %d notices sent: %w", len(sent), err)
+	}
+	return nil
+}
+
+// publish sends leased rows, with one confirm wait for the batch, and
+// schedules the failed ones again with backoff (1 s, 2 s, 4 s... 5 min); it
+// returns the ids of the sent ones (for markSent) and the first failure.
+func (d *Dispatcher) publish(ctx context.Context, pub *broker.Publisher, rows []notice) ([]int64, error) {
 	msgs := make([]amqp.Publishing, len(rows))
 	for i, r := range rows {
 		var headers amqp.Table
@@ -247,19 +319,9 @@ func (d *Dispatcher) publish(ctx context.Context, pub *broker.Publisher, rows []
 		d.Log.Warn("outbox: notice not published; will retry", zap.String("order_no", r.BizNo),
 			zap.Int("attempt", r.Attempts), zap.Error(errs[i]))
 	}
-	// The marks run even when ctx ended: the publishes are done.
+	// The reschedule runs even when ctx ended: the publishes are done.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if len(sent) > 0 {
-		q, args, err := sqlx.In(`UPDATE t_outbox SET status = 'SENT', sent_time = CURRENT_TIMESTAMP(3) WHERE id IN (?)`, ids(sent))
-		if err == nil {
-			_, err = d.DB.ExecContext(mctx, q, args...)
-		}
-		if err != nil {
-			// Sent but not marked: sent again after the lease.
-			return 0, fmt.Errorf("outbox: mark %d notices sent: %w", len(sent), err)
-		}
-	}
 	if len(failed) > 0 {
 		msg := firstErr.Error()
 		if len(msg) > 1000 {
@@ -272,10 +334,10 @@ func (d *Dispatcher) publish(ctx context.Context, pub *broker.Publisher, rows []
 			_, err = d.DB.ExecContext(mctx, q, args...)
 		}
 		if err != nil {
-			return len(sent), fmt.Errorf("outbox: reschedule: %w (after %w)", err, firstErr)
+			return ids(sent), fmt.Errorf("outbox: reschedule: %w (after %w)", err, firstErr)
 		}
 	}
-	return len(sent), firstErr
+	return ids(sent), firstErr
 }
 
 func ids(rows []notice) []int64 {

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -175,4 +176,69 @@ func TestDispatcherSendsHandedOverNoticesWithoutPolling(t *testing.T) {
 		db.Get(&sent, "SELECT COUNT(*) FROM t_outbox WHERE biz_no = 'H3' AND status = 'SENT' AND attempts = 2")
 		return sent == 1
 	}, "the orphaned notice was not polled after its lease")
+}
+
+// The SENT marks of handed-over notices wait to share a statement: many
+// payments committed one by one are marked in far fewer UPDATEs than
+// publish batches, every one of them within the mark delay; and the marks
+// still waiting when the dispatcher stops are written before Run returns.
+func TestDispatcherMarksHandedOverNoticesTogether(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	amqpURL := testenv.AMQP(t)
+	const n = 40
+	for i := range n + 1 {
+		db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES (?, ?, 1.00)", fmt.Sprintf("M%d", i), i+1)
+		db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (?, 10.00)", i+1)
+	}
+	run := func(d *outbox.Dispatcher) (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { d.Run(ctx); close(done) }()
+		testenv.Eventually(t, 10*time.Second, func() bool { return testenv.QueueExists(t, amqpURL, outbox.Queue) }, "the dispatcher declared its queue")
+		return func() { cancel(); <-done }
+	}
+	sent := func(where string) int {
+		var c int
+		db.Get(&c, "SELECT COUNT(*) FROM t_outbox WHERE status = 'SENT' AND "+where)
+		return c
+	}
+
+	d := &outbox.Dispatcher{DB: db, URL: amqpURL, Name: "marks test", Interval: time.Hour, Batch: 100,
+		Log: zap.NewNop(), Handoff: make(chan []string, n), MarkDelay: 300 * time.Millisecond}
+	stop := run(d)
+	store := order.NewStore(db)
+	store.NoticeLease, store.OnCommitted = time.Hour, d.Offer
+	for i := range n {
+		if err := store.Pay(context.Background(), order.Payment{OrderNo: fmt.Sprintf("M%d", i), UserID: int64(i + 1), Amount: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return sent("attempts = 1") == n },
+		"the handed-over notices were not all marked sent")
+	stop()
+	if got := testenv.Depth(t, amqpURL, outbox.Queue); got != n {
+		t.Fatalf("%d notices in %s, want %d", got, outbox.Queue, n)
+	}
+	if d.Marks() > n/4 {
+		t.Fatalf("%d notices marked in %d statements: the marks did not share statements", n, d.Marks())
+	}
+
+	// Stopped with a mark pending (the delay is an hour): Run marks it first.
+	late := &outbox.Dispatcher{DB: db, URL: amqpURL, Name: "marks test 2", Interval: time.Hour, Batch: 100,
+		Log: zap.NewNop(), Handoff: make(chan []string, 1), MarkDelay: time.Hour}
+	stop = run(late)
+	store.OnCommitted = late.Offer
+	if err := store.Pay(context.Background(), order.Payment{OrderNo: fmt.Sprintf("M%d", n), UserID: n + 1, Amount: 100}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return testenv.Depth(t, amqpURL, outbox.Queue) == n+1 },
+		"the last notice was not published")
+	if c := sent(fmt.Sprintf("biz_no = 'M%d'", n)); c != 0 {
+		t.Fatalf("marked before its delay (an hour)")
+	}
+	stop()
+	if c := sent(fmt.Sprintf("biz_no = 'M%d'", n)); c != 1 {
+		t.Fatalf("a notice published and pending its mark was not marked when the dispatcher stopped")
+	}
 }
