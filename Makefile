@@ -67,7 +67,7 @@ clean:
 	rm -rf bin tmp
 
 # Throughput and latency against the real servers, with the ceilings measured
-# in the same run (a benchmark, not a test). Figures in README.
+# in the same run (a benchmark, not a test). Figures in docs/benchmarks.md.
 BENCHFLAGS ?= -n 20000 -rounds 5
 bench: services
 	$(GO) build -o bin/paysvc ./cmd/paysvc

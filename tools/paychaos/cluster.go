@@ -143,7 +143,7 @@ func (c *cluster) newNode(i int) (*rabbitNode, error) {
 	// A quorum queue dead-letters at least once: a message whose target
 	// (here the main queue, without a majority) did not confirm is sent
 	// again only after this timeout, 3 minutes by default on 3.10. Lowered
-	// so that the suite settles in its deadline; see the README.
+	// so that the suite settles in its deadline; see docs/fault-injection.md.
 	advanced := "[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].\n"
 	if err := os.WriteFile(filepath.Join(n.dir, "advanced.config"), []byte(advanced), 0o644); err != nil {
 		return nil, err
