@@ -24,6 +24,13 @@ lint:
 	$(GO) vet -tags faultinject ./...
 	cd tools && $(GO) vet ./... && $(GO) vet -tags faultinject ./...
 
+# The configuration reference (docs/configuration.md, and README.md between
+# its config-reference markers) from the declarations in
+# cmd/paysvc/config_keys.go, and deploy/k8s/configmap.yaml from config.yaml.
+.PHONY: docs
+docs:
+	$(GO) test -count=1 -run '^TestConfigReferenceUpToDate$$' ./cmd/paysvc -args -update
+
 # Unit and integration tests against the real servers (never skipped).
 test: services test-tools lint rules
 	$(GO) test $(TESTFLAGS) ./...

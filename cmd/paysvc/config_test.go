@@ -1,13 +1,19 @@
 package main
 
 import (
+	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 func writeConfig(t *testing.T, text string) string {
@@ -180,5 +186,372 @@ func TestConfigTable(t *testing.T) {
 		case tt.bad != "" && (err == nil || !strings.Contains(err.Error(), tt.bad)):
 			t.Errorf("%q %v: error %v, want one containing %q", tt.yaml, tt.env, err, tt.bad)
 		}
+	}
+}
+
+// Every key is declared once, completely: a well-formed and unique name
+// (and so environment variable), a description, a field of its own.
+func TestConfigKeysDeclared(t *testing.T) {
+	nameForm := regexp.MustCompile(`^[a-z]+\.[a-z][A-Za-z]*$`)
+	names, envs := map[string]bool{}, map[string]string{}
+	type field struct {
+		addr uintptr
+		typ  reflect.Type
+	}
+	var c Config
+	bound := map[field]string{}
+	for _, k := range keys {
+		if !nameForm.MatchString(k.name) {
+			t.Errorf("%q: want section.key (lower-case section, camelCase key)", k.name)
+		}
+		// viper folds case: two names differing only in case are one key.
+		if names[strings.ToLower(k.name)] {
+			t.Errorf("%s: declared twice", k.name)
+		}
+		names[strings.ToLower(k.name)] = true
+		env := envName(k.name)
+		if other, ok := envs[env]; ok {
+			t.Errorf("%s and %s share the environment variable %s", k.name, other, env)
+		}
+		envs[env] = k.name
+		if want := "PAYSVC_" + strings.ToUpper(strings.Replace(k.name, ".", "_", 1)); env != want {
+			t.Errorf("%s: environment variable %s, want %s", k.name, env, want)
+		}
+		if strings.TrimSpace(k.doc) == "" {
+			t.Errorf("%s: no description for the reference", k.name)
+		}
+		if k.secret && k.redact != nil {
+			t.Errorf("%s: secret (never shown) and redact (shown without its password) both set", k.name)
+		}
+		p := reflect.ValueOf(k.bind(&c))
+		switch p.Interface().(type) {
+		case *string, *int, *bool, *time.Duration, *[]time.Duration:
+		default:
+			t.Errorf("%s: binds a %s, which the decoder does not know", k.name, p.Type())
+			continue
+		}
+		if _, isString := p.Interface().(*string); !isString && (k.norm != nil || k.redact != nil || k.secret) {
+			t.Errorf("%s: norm, redact and secret apply to strings only", k.name)
+		}
+		f := field{p.Pointer(), p.Type().Elem()}
+		if other, ok := bound[f]; ok {
+			t.Errorf("%s and %s bind the same field", k.name, other)
+		}
+		bound[f] = k.name
+	}
+	// Every field of Config is some key's.
+	cv := reflect.ValueOf(&c).Elem()
+	for i := range cv.NumField() {
+		section := cv.Field(i)
+		for j := range section.NumField() {
+			f := section.Field(j)
+			if _, ok := bound[field{f.Addr().Pointer(), f.Type()}]; !ok {
+				t.Errorf("Config.%s.%s: no key declares it (config_keys.go)", cv.Type().Field(i).Name, section.Type().Field(j).Name)
+			}
+		}
+	}
+}
+
+// envSamples is a valid value other than the default for every key, as
+// given in the environment, with the value it must decode to.
+func envSamples(t *testing.T) map[string]struct {
+	val   string
+	want  any
+	extra map[string]string // other variables the value needs
+} {
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, []byte("not read at load"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	type sample = struct {
+		val   string
+		want  any
+		extra map[string]string
+	}
+	return map[string]sample{
+		"amqp.url":                     {"amqp://u:p@rabbit:5672/pay", "amqp://u:p@rabbit:5672/pay", nil},
+		"amqp.prefetch":                {"70", 70, nil},
+		"amqp.workers":                 {" 7", 7, nil},
+		"amqp.drainTimeout":            {"45s", 45 * time.Second, nil},
+		"amqp.queueType":               {"Classic", "classic", nil},
+		"amqp.deliveryLimit":           {"3", 3, nil},
+		"amqp.caFile":                  {ca, ca, nil},
+		"mysql.dsn":                    {"paysvc:pw@tcp(db:3306)/pay", "paysvc:pw@tcp(db:3306)/pay", nil},
+		"mysql.maxOpenConns":           {"30", 30, nil},
+		"mysql.groupSize":              {"4", 4, nil},
+		"mysql.groupConns":             {"3", 3, nil},
+		"mysql.lockWaitTimeout":        {"10s", 10 * time.Second, nil},
+		"mysql.idleTransactionTimeout": {"1m", time.Minute, nil},
+		"mysql.caFile":                 {ca, ca, nil},
+		"redis.addr":                   {"cache:6380", "cache:6380", nil},
+		"redis.username":               {"paysvc", "paysvc", nil},
+		"redis.password":               {"pw", "pw", nil},
+		"redis.db":                     {"3", 3, nil},
+		"redis.masterName":             {"mymaster", "mymaster", nil},
+		"redis.tls":                    {"TRUE", true, nil},
+		"redis.caFile":                 {ca, ca, map[string]string{"PAYSVC_REDIS_TLS": "true"}},
+		"idempotent.keyPrefix":         {"p:", "p:", nil},
+		"idempotent.ttl":               {"48h", 48 * time.Hour, nil},
+		"idempotent.lease":             {"90s", 90 * time.Second, nil},
+		"idempotent.redisFallback":     {"open", "OPEN", nil},
+		"retry.delays":                 {"1s, 2s", []time.Duration{time.Second, 2 * time.Second}, nil},
+		"retry.maxAttempts":            {"9", 9, nil},
+		"http.addr":                    {"", "", nil},
+		"log.level":                    {"DEBUG", "debug", nil},
+		"log.format":                   {"console", "console", nil},
+		"log.firstPerSecond":           {"10", 10, nil},
+		"admin.operators":              {"alice:0123456789abcdef0123", "alice:0123456789abcdef0123", nil},
+		"admin.token":                  {"0123456789abcdef0123x", "0123456789abcdef0123x", nil},
+		"admin.sessionTtl":             {"1h", time.Hour, nil},
+		"alert.webhookUrl":             {"https://hooks.example/x", "https://hooks.example/x", nil},
+		"metrics.queueInterval":        {"1s", time.Second, nil},
+		"reconcile.interval":           {"1h", time.Hour, nil},
+		"reconcile.window":             {"48h", 48 * time.Hour, nil},
+		"reconcile.fix":                {"true", true, nil},
+		"trace.otlpEndpoint":           {"http://otel:4318/", "http://otel:4318", nil},
+	}
+}
+
+// Each key's environment variable, and its _FILE, reaches the key's field.
+func TestConfigEnvRoundTrip(t *testing.T) {
+	defaults, err := loadConfig(filepath.Join(t.TempDir(), "absent.yaml"), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	samples := envSamples(t)
+	for _, k := range keys {
+		s, ok := samples[k.name]
+		if !ok {
+			t.Errorf("%s: no sample value in envSamples", k.name)
+			continue
+		}
+		if reflect.DeepEqual(k.value(defaults), s.want) {
+			t.Errorf("%s: the sample %q is the default: it proves nothing", k.name, s.val)
+		}
+		file := filepath.Join(t.TempDir(), "value")
+		if err := os.WriteFile(file, []byte(s.val+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, env := range []map[string]string{{envName(k.name): s.val}, {envName(k.name) + "_FILE": file}} {
+			maps.Copy(env, s.extra)
+			c, err := loadConfig(filepath.Join(t.TempDir(), "absent.yaml"), false, env)
+			if err != nil {
+				t.Errorf("%s: %v: %v", k.name, env, err)
+				continue
+			}
+			if got := k.value(c); !reflect.DeepEqual(got, s.want) {
+				t.Errorf("%s: %v gave %#v, want %#v", k.name, env, got, s.want)
+			}
+		}
+	}
+	if len(samples) != len(keys) {
+		t.Errorf("envSamples has %d keys, keys %d: a sample for a key no longer declared", len(samples), len(keys))
+	}
+}
+
+// Whatever a secret holds stays out of the logged configuration; so does the
+// password in a URL or a DSN. The list of secrets is fixed here: a key that
+// stops being secret fails this test.
+func TestConfigSecretsRedacted(t *testing.T) {
+	const sentinel = "SeNtInEl-0123456789abcdef"
+	secrets := map[string]string{ // key → a value holding the sentinel
+		"redis.password":     sentinel,
+		"admin.token":        sentinel,
+		"admin.operators":    "alice:" + sentinel,
+		"alert.webhookUrl":   "https://hooks.example/" + sentinel,
+		"trace.otlpEndpoint": "http://" + sentinel + "@otel:4318",
+		"amqp.url":           "amqp://u:" + sentinel + "@rabbit1:5672/pay,amqps://v:" + sentinel + "@rabbit2:5671/pay",
+		"mysql.dsn":          "paysvc:" + sentinel + "@tcp(db:3306)/pay",
+	}
+	for _, k := range keys {
+		_, listed := secrets[k.name]
+		if (k.secret || k.redact != nil) != listed {
+			t.Errorf("%s: declared secret %v, redacted %v; this test lists it: %v", k.name, k.secret, k.redact != nil, listed)
+		}
+	}
+	for _, k := range keys {
+		val, ok := secrets[k.name]
+		if !ok {
+			continue
+		}
+		c, err := loadConfig(filepath.Join(t.TempDir(), "absent.yaml"), false, map[string]string{envName(k.name): val})
+		if err != nil {
+			t.Fatalf("%s: %v", k.name, err)
+		}
+		if k.value(c) != val {
+			t.Fatalf("%s: not set to %q", k.name, val)
+		}
+		red := c.redacted()
+		if logged := fmt.Sprint(red); strings.Contains(logged, sentinel) {
+			t.Errorf("%s: its secret is in the logged configuration: %s", k.name, logged)
+		}
+		shown, _ := red[k.name].(string)
+		if !strings.Contains(shown, "xxxxx") {
+			t.Errorf("%s: logged as %q, want xxxxx in place of the secret", k.name, shown)
+		}
+	}
+	// Everything else is logged as it is: every key, once.
+	c, err := loadConfig(filepath.Join(t.TempDir(), "absent.yaml"), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	red := c.redacted()
+	if len(red) != len(keys) {
+		t.Errorf("the logged configuration has %d keys, want %d", len(red), len(keys))
+	}
+	if red["amqp.prefetch"] != 64 || red["retry.delays"] == nil || red["idempotent.ttl"] != "24h0m0s" ||
+		red["redis.tls"] != false || red["redis.password"] != "" || red["mysql.dsn"] != "root@tcp(127.0.0.1:3306)/paysvc" {
+		t.Errorf("logged configuration: %v", red)
+	}
+}
+
+// config.yaml lists every declared key, in the declarations' order, with
+// its default and a comment; nothing else.
+func TestConfigFileMatchesDeclarations(t *testing.T) {
+	b, err := os.ReadFile("../../config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var inFile []string
+	root := doc.Content[0]
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		section := root.Content[i].Value
+		for j := 0; j+1 < len(root.Content[i+1].Content); j += 2 {
+			name, val := section+"."+root.Content[i+1].Content[j].Value, root.Content[i+1].Content[j+1]
+			inFile = append(inFile, name)
+			if val.LineComment == "" {
+				t.Errorf("config.yaml: %s has no comment saying what it is", name)
+			}
+		}
+	}
+	declared := make([]string, len(keys))
+	for i, k := range keys {
+		declared[i] = k.name
+		if !slices.Contains(inFile, k.name) {
+			t.Errorf("config.yaml lacks %s (default %q): add it, with a comment", k.name, k.def)
+		}
+	}
+	for _, name := range inFile {
+		if !slices.Contains(declared, name) {
+			t.Errorf("config.yaml has %s, which no key declares", name)
+		}
+	}
+	if !t.Failed() && !slices.Equal(inFile, declared) {
+		t.Errorf("config.yaml's keys are not in the declarations' order:\n%v\nwant\n%v", inFile, declared)
+	}
+
+	file, err := loadConfig("../../config.yaml", true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaults, err := loadConfig(filepath.Join(t.TempDir(), "absent.yaml"), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if got, def := k.value(file), k.value(defaults); !reflect.DeepEqual(got, def) {
+			t.Errorf("config.yaml sets %s to %v, the declared default is %v (%q)", k.name, got, def, k.def)
+		}
+	}
+}
+
+var updateDocs = flag.Bool("update", false, "TestConfigReferenceUpToDate: rewrite the files that are out of date")
+
+// The configuration reference in docs/configuration.md (and README.md, if
+// it has the markers) is the one the declarations render, and
+// deploy/k8s/configmap.yaml holds config.yaml. make docs rewrites them.
+func TestConfigReferenceUpToDate(t *testing.T) {
+	const regenerate = "make docs (go test ./cmd/paysvc -run TestConfigReferenceUpToDate -args -update)"
+	check := func(path, want string) {
+		t.Helper()
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(b) == want {
+			return
+		}
+		if *updateDocs {
+			if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s rewritten", path)
+			return
+		}
+		t.Errorf("%s is out of date: run %s", path, regenerate)
+	}
+	for _, f := range []struct {
+		path     string
+		required bool
+	}{{"../../docs/configuration.md", true}, {"../../README.md", false}} {
+		b, err := os.ReadFile(f.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, found, err := withConfigReference(string(b))
+		switch {
+		case err != nil:
+			t.Errorf("%s: %v", f.path, err)
+		case !found && f.required:
+			t.Errorf("%s: no %s ... %s markers for the reference", f.path, referenceBegin, referenceEnd)
+		case found:
+			check(f.path, want)
+		}
+	}
+
+	// The ConfigMap: its header, then config.yaml indented under data.
+	const cmPath, head = "../../deploy/k8s/configmap.yaml", "\n  config.yaml: |\n"
+	cm, err := os.ReadFile(cmPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo, err := os.ReadFile("../../config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(cm), head)
+	if i < 0 {
+		t.Fatalf("%s: no %q", cmPath, strings.TrimSpace(head))
+	}
+	want := string(cm[:i+len(head)])
+	for line := range strings.Lines(string(repo)) {
+		if strings.TrimSpace(line) != "" {
+			line = "    " + line
+		}
+		want += line
+	}
+	check(cmPath, want)
+}
+
+// The reference names every key, its default and its variable, and the
+// markers' surroundings are kept.
+func TestConfigReferenceRendering(t *testing.T) {
+	ref := configReference()
+	for _, k := range keys {
+		if !strings.Contains(ref, "| `"+k.name+"` |") || !strings.Contains(ref, "`"+envName(k.name)+"`") {
+			t.Errorf("reference lacks %s", k.name)
+		}
+	}
+	if n := strings.Count(ref, "\n"); n != len(keys)+2 {
+		t.Errorf("reference has %d lines, want a header, a rule and %d keys", n, len(keys))
+	}
+	text := "before\n" + referenceBegin + "\nstale\n" + referenceEnd + "\nafter\n"
+	out, found, err := withConfigReference(text)
+	if err != nil || !found || !strings.HasPrefix(out, "before\n"+referenceBegin+"\n") ||
+		!strings.HasSuffix(out, "\n"+referenceEnd+"\nafter\n") || strings.Contains(out, "stale") || !strings.Contains(out, ref) {
+		t.Errorf("rewrite: %v %v\n%s", found, err, out)
+	}
+	if again, _, _ := withConfigReference(out); again != out {
+		t.Error("a second rewrite changed the text")
+	}
+	if out, found, err := withConfigReference("no markers"); out != "no markers" || found || err != nil {
+		t.Errorf("no markers: %q %v %v", out, found, err)
+	}
+	if _, _, err := withConfigReference(referenceEnd + referenceBegin); err == nil {
+		t.Error("markers in the wrong order accepted")
 	}
 }

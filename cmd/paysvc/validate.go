@@ -1,0 +1,250 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/paysvc/paysvc/internal/admin"
+	"github.com/paysvc/paysvc/internal/broker"
+	"github.com/paysvc/paysvc/internal/sqldb"
+)
+
+// badFunc reports one problem of a key; the key's name is prefixed.
+type badFunc func(format string, args ...any)
+
+// validate checks values; each problem names its key. Each key's own check
+// is declared with it (keys); the checks across keys follow.
+func (c *Config) validate() []error {
+	var errs []error
+	reporter := func(name string) badFunc {
+		return func(format string, args ...any) {
+			errs = append(errs, fmt.Errorf("%s: "+format, append([]any{name}, args...)...))
+		}
+	}
+	for i := range keys {
+		if k := &keys[i]; k.check != nil {
+			k.check(k.value(c), reporter(k.name))
+		}
+	}
+	c.validateAcross(reporter)
+	return errs
+}
+
+// validateAcross holds the checks that read more than one key.
+func (c *Config) validateAcross(reporter func(name string) badFunc) {
+	if w := c.MySQL.LockWaitTimeout; w >= time.Second && w%time.Second == 0 { // else wholeSeconds said so
+		if handle := c.handleTimeout(); w >= handle {
+			reporter("mysql.lockWaitTimeout")("want less than the handling timeout (idempotent.lease/2 = %s), got %s", handle, w)
+		}
+	}
+	if c.MySQL.GroupConns < 1 || c.MySQL.GroupConns > c.MySQL.MaxOpenConns {
+		reporter("mysql.groupConns")("want 1 to mysql.maxOpenConns (%d), got %d", c.MySQL.MaxOpenConns, c.MySQL.GroupConns)
+	}
+	if c.Redis.CAFile != "" && !c.Redis.TLS {
+		reporter("redis.caFile")("set redis.tls: true too")
+	}
+	if _, err := c.adminOperators(); err != nil && c.Admin.Operators != "" {
+		reporter("admin.operators")("%v", err)
+	}
+}
+
+// checkOf adapts a check of one type to key.check (the key's bound type).
+func checkOf[T any](f func(v T, bad badFunc)) func(any, badFunc) {
+	return func(v any, bad badFunc) { f(v.(T), bad) }
+}
+
+func between(lo, hi int) func(any, badFunc) {
+	return checkOf(func(n int, bad badFunc) {
+		if n < lo || n > hi {
+			bad("want %d to %d, got %d", lo, hi, n)
+		}
+	})
+}
+
+func atLeast(lo int) func(any, badFunc) {
+	return checkOf(func(n int, bad badFunc) {
+		if n < lo {
+			bad("want at least %d, got %d", lo, n)
+		}
+	})
+}
+
+// atLeast0 refuses a negative number with format (one %d: the value).
+func atLeast0(format string) func(any, badFunc) {
+	return checkOf(func(n int, bad badFunc) {
+		if n < 0 {
+			bad(format, n)
+		}
+	})
+}
+
+// oneOf wants one of vals: "want a, b or c, got %q".
+func oneOf(vals ...string) func(any, badFunc) {
+	want := strings.Join(vals[:len(vals)-1], ", ") + " or " + vals[len(vals)-1]
+	return checkOf(func(s string, bad badFunc) {
+		for _, v := range vals {
+			if s == v {
+				return
+			}
+		}
+		bad("want %s, got %q", want, s)
+	})
+}
+
+// positive refuses a duration of 0 or less with msg (with a %s: the value).
+func positive(msg string) func(any, badFunc) {
+	return checkOf(func(d time.Duration, bad badFunc) {
+		switch {
+		case d > 0:
+		case strings.Contains(msg, "%"):
+			bad(msg, d)
+		default:
+			bad(msg)
+		}
+	})
+}
+
+func minDuration(lo time.Duration) func(any, badFunc) {
+	return checkOf(func(d time.Duration, bad badFunc) {
+		if d < lo {
+			bad("want at least %s, got %s", shortDuration(lo), d)
+		}
+	})
+}
+
+func durationBetween(lo, hi time.Duration) func(any, badFunc) {
+	return checkOf(func(d time.Duration, bad badFunc) {
+		if d < lo || d > hi {
+			bad("want %s to %s, got %s", shortDuration(lo), shortDuration(hi), d)
+		}
+	})
+}
+
+// shortDuration spells d as a person would: 1m, not 1m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+var wholeSeconds = checkOf(func(d time.Duration, bad badFunc) {
+	if d < time.Second || d%time.Second != 0 {
+		bad("want whole seconds of at least 1s, got %s", d)
+	}
+})
+
+var offOrAtLeastSecond = checkOf(func(d time.Duration, bad badFunc) {
+	if d < 0 || (d > 0 && d < time.Second) {
+		bad("want 0 (off) or at least 1s, got %s", d)
+	}
+})
+
+var nonEmpty = checkOf(func(s string, bad badFunc) {
+	if s == "" {
+		bad("must not be empty")
+	}
+})
+
+var existingFile = checkOf(func(file string, bad badFunc) {
+	if file != "" {
+		if _, err := os.Stat(file); err != nil {
+			bad("%v", err)
+		}
+	}
+})
+
+var hostPortOrEmpty = checkOf(func(addr string, bad badFunc) {
+	if addr != "" {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			bad("want host:port or empty: %v", err)
+		}
+	}
+})
+
+// httpURL wants an empty value or an http(s) URL with a host; msg otherwise.
+func httpURL(msg string) func(any, badFunc) {
+	return checkOf(func(u string, bad badFunc) {
+		if u != "" {
+			if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+				bad(msg)
+			}
+		}
+	})
+}
+
+var checkAMQPURLs = checkOf(func(s string, bad badFunc) {
+	urls := broker.URLs(s)
+	if len(urls) == 0 {
+		bad("must not be empty")
+	}
+	for i, raw := range urls {
+		if u, err := url.Parse(raw); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
+			bad("URL %d of %d: want amqp://[user:password@]host:port/vhost or amqps://..., comma-separated for several nodes", i+1, len(urls))
+		}
+	}
+})
+
+var checkDSN = checkOf(func(dsn string, bad badFunc) {
+	if _, err := mysql.ParseDSN(dsn); err != nil {
+		bad("%v", err)
+	} else if err := sqldb.CheckDSN(dsn); err != nil {
+		for _, e := range unjoin(err) {
+			bad("%v", e)
+		}
+	}
+})
+
+var checkRedisAddrs = checkOf(func(s string, bad badFunc) {
+	addrs := splitAddrs(s)
+	if len(addrs) == 0 {
+		bad("must not be empty")
+	}
+	for _, a := range addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			bad("want host:port, or a comma-separated list (Sentinel, Cluster): %v", err)
+		}
+	}
+})
+
+var checkDelays = checkOf(func(delays []time.Duration, bad badFunc) {
+	if len(delays) == 0 {
+		bad("want at least one delay")
+	}
+	seen := map[time.Duration]bool{}
+	for _, d := range delays {
+		if d < 100*time.Millisecond || d%time.Millisecond != 0 {
+			bad("want whole milliseconds of at least 100ms, got %s", d)
+		}
+		if seen[d] {
+			bad("%s appears twice (one wait queue per delay)", d)
+		}
+		seen[d] = true
+	}
+})
+
+var checkAdminToken = checkOf(func(t string, bad badFunc) {
+	if t != "" && len(t) < admin.MinToken {
+		bad("want at least %d characters", admin.MinToken)
+	} else if admin.Placeholder(t) {
+		bad("is a placeholder from an example (secret.example.yaml): set a real token")
+	}
+})
+
+// unjoin splits an errors.Join into its errors.
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
