@@ -12,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/paysvc/paysvc/internal/deadletter"
 	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/testenv"
 )
 
 // help, -h and --help, for the program, a group or one command, print the
@@ -35,7 +38,7 @@ func TestCLIHelp(t *testing.T) {
 		{[]string{"--config", "absent.yaml", "help"}, top},
 		{[]string{"dlq", "-h"}, []string{"usage: paysvc [--config FILE] dlq list|show|replay|discard",
 			"usage: paysvc [--config FILE] dlq list [--order", "usage: paysvc [--config FILE] dlq replay (ORDER_NO",
-			"  --reason string", "  --rate N                N replays per second at most (default 20)"}},
+			"  --reason TEXT           why, TEXT (required; kept in the audit trail)", "  --rate N                N replays per second at most (default 20)"}},
 		{[]string{"help", "dlq"}, []string{"usage: paysvc [--config FILE] dlq list|show|replay|discard", "dlq discard"}},
 		{[]string{"dlq", "list", "-h"}, []string{"usage: paysvc [--config FILE] dlq list [--order ORDER_NO]",
 			"  --output FORMAT", "(default table)", "  --limit N               N rows at most (default 100)",
@@ -340,5 +343,44 @@ func TestCLIReconcileJSON(t *testing.T) {
 	w.db.MustExec("UPDATE t_account SET balance = 10.00 WHERE user_id = 61")
 	if out := w.mustCLI("reconcile", "--output", "json"); out != "{\n  \"problems\": [],\n  \"reconciled\": 0\n}\n" {
 		t.Fatalf("clean reconcile --output json: %q", out)
+	}
+}
+
+// Stopped while it waits for MySQL: openMySQL says so with an error (no
+// nil, nil), and run exits 0 all the same, as on SIGTERM.
+func TestRunStoppedWhileWaitingForMySQL(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	proxy, dsn := testenv.MySQLProxy(t, w.dsn)
+	proxy.Down()
+	cfg, err := loadConfig("absent.yaml", false, map[string]string{"PAYSVC_MYSQL_DSN": dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	db, err := openMySQL(ctx, cfg, zap.NewNop())
+	if db != nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("openMySQL stopped while waiting: %v, %v; want no database and the context's error", db, err)
+	}
+
+	logs := &lockedBuffer{}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"run"}, w.env("PAYSVC_MYSQL_DSN="+dsn), logs) }()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return strings.Contains(logs.String(), "mysql unavailable; waiting")
+	}, "the daemon did not wait for MySQL")
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run stopped while waiting for MySQL: %v, want nil (exit 0)\n%s", err, logs)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not stop")
+	}
+	if strings.Contains(logs.String(), "paysvc failed") {
+		t.Fatalf("a stop while waiting was logged as a failure:\n%s", logs)
 	}
 }

@@ -330,7 +330,7 @@ type action struct {
 func actionFlags(fs *flag.FlagSet) *action {
 	a := &action{}
 	fs.BoolVar(&a.allOfOrder, "all-of-order", false, "an order with several dead letters: take every one")
-	fs.StringVar(&a.reason, "reason", "", "why (required; kept in the audit trail)")
+	fs.StringVar(&a.reason, "reason", "", "why, `TEXT` (required; kept in the audit trail)")
 	fs.StringVar(&a.operator, "operator", "", "who, `NAME` (default: $USER)")
 	return a
 }

@@ -99,7 +99,7 @@ func (o *outputFormat) Set(v string) error {
 
 func outputFlag(fs *flag.FlagSet) *outputFormat {
 	o := outputFormat("table")
-	fs.Var(&o, "output", "`FORMAT`: table or json (the fields are above)")
+	fs.Var(&o, "output", "`FORMAT` table (for people) or json (for scripts: the fields are described above)")
 	return &o
 }
 
