@@ -46,11 +46,11 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	}
 	health.stage("waiting for MySQL")
 	db, err := openMySQL(ctx, cfg, log)
+	if err != nil && ctx.Err() != nil {
+		return nil // stopped while waiting
+	}
 	if err != nil {
 		return err
-	}
-	if db == nil {
-		return nil // stopped while waiting
 	}
 	defer db.Close()
 

@@ -1,12 +1,18 @@
 // Command paysvc applies "payment succeeded" messages from RabbitMQ exactly
-// once. Usage:
+// once. Usage (paysvc help for all of it, paysvc COMMAND -h for a command's
+// flags):
 //
 //	paysvc [--config FILE] migrate   apply the embedded schema migrations
 //	paysvc [--config FILE] run       run the consumer daemon
 //	paysvc dlq list|show|replay|discard ...   inspect and replay terminal messages
 //	paysvc reconcile [--fix]         check money rows, reverse duplicate charges
 //	paysvc trace ORDER_NO            what happened to one order
+//	paysvc healthcheck               ask this host's paysvc for /healthz
 //	paysvc version                   print the version
+//
+// dlq list, dlq show and reconcile print JSON with --output json. Exit
+// status: 0 done, 1 failed, 2 reconcile found problems, 64 usage error.
+// The commands are a table (cli.go), one file per group (cmd_*.go).
 package main
 
 import (
@@ -32,9 +38,12 @@ func main() {
 			// in plain text; the daemon has logged it already.
 			fmt.Fprintf(os.Stderr, "paysvc: %v\n", err)
 		}
+		if isExit && exit.usage != "" {
+			fmt.Fprintf(os.Stderr, "\n%s", exit.usage)
+		}
 		if isExit {
 			os.Exit(exit.code)
 		}
-		os.Exit(1)
+		os.Exit(exitFailure)
 	}
 }
