@@ -46,8 +46,6 @@ type Config struct {
 	DrainTimeout   time.Duration // bound on finishing in-flight messages at shutdown
 	PublishTimeout time.Duration // bound on one retry/terminal publish and its confirm
 	MaxBackoff     time.Duration // cap on reconnect and dependency-wait backoff
-	GroupSize      int           // payments per transaction at most (order.Grouper); 1: one each
-	GroupConns     int           // payment transactions running at once when grouping
 
 	Metrics *metrics.Metrics // nil: an unregistered set
 	Events  *trace.Recorder  // nil: outcomes are only logged
@@ -60,15 +58,23 @@ type Config struct {
 	FirstLog *zap.Logger
 }
 
+// Payer applies one payment, in its own transaction or in one it shares,
+// and returns what order.Store.Pay returns (nil: applied by this call;
+// classify reads the rest). An order.Grouper groups the payments that
+// arrive together; the order.Store itself pays each alone.
+type Payer interface {
+	Pay(ctx context.Context, p order.Payment) error
+}
+
 // Consumer consumes q.pay.success until its context ends.
 type Consumer struct {
 	cfg    Config
-	orders *order.Store
+	orders *order.Store // Check and Ping: what a claim found, whether MySQL answers
+	payer  Payer
 	guard  *idem.Guard
 	log    *zap.Logger
 	m      *metrics.Metrics
 
-	payer *order.Grouper // made by Run
 	ready atomic.Bool
 	// paused counts the workers holding a message through an outage.
 	paused atomic.Int32
@@ -81,13 +87,15 @@ type Consumer struct {
 		at time.Time
 		up bool
 	}
-	// redisDownUntil (unix nanos) skips Redis for a while under OPEN after
+	// redisDownUntil (unix nanos) skips Redis for redisSkip under OPEN after
 	// it failed, instead of paying a timeout on every message.
 	redisDownUntil atomic.Int64
 }
 
-// New returns a Consumer. A nil logger logs nothing.
-func New(cfg Config, orders *order.Store, guard *idem.Guard, log *zap.Logger) *Consumer {
+// New returns a Consumer that pays through payer (started and stopped by
+// the caller, outliving Run) and asks orders what the guards do not know. A
+// nil logger logs nothing.
+func New(cfg Config, orders *order.Store, payer Payer, guard *idem.Guard, log *zap.Logger) *Consumer {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -97,7 +105,7 @@ func New(cfg Config, orders *order.Store, guard *idem.Guard, log *zap.Logger) *C
 	if cfg.FirstLog == nil {
 		cfg.FirstLog = log
 	}
-	return &Consumer{cfg: cfg, orders: orders, guard: guard, log: log, m: cfg.Metrics}
+	return &Consumer{cfg: cfg, orders: orders, payer: payer, guard: guard, log: log, m: cfg.Metrics}
 }
 
 // Node returns the address of the broker node the consumer is (or was last)
@@ -157,11 +165,6 @@ func (e *fatalError) Unwrap() error { return e.err }
 // error only when the first session fails for a reason reconnecting cannot
 // fix, such as a topology that does not match.
 func (c *Consumer) Run(ctx context.Context) error {
-	// With GroupSize 1 (or 0) the grouper pays each payment alone. A worker
-	// still running after a session gave up on it pays alone after Stop.
-	c.payer = c.orders.NewGrouper(c.cfg.GroupSize, c.cfg.GroupConns,
-		func(n int) { c.m.GroupSize.Observe(float64(n)) })
-	defer c.payer.Stop()
 	bo := broker.Backoff{Max: c.cfg.MaxBackoff}
 	first := true
 	for {
