@@ -54,7 +54,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	}
 	defer db.Close()
 
-	ropts, err := cfg.redisOptions(cfg.AMQP.Workers + 4)
+	ropts, err := cfg.redisOptions(cfg.AMQP.Workers + redisSpareConns)
 	if err != nil {
 		return err
 	}
@@ -69,8 +69,6 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		TTL:       cfg.Idempotent.TTL,
 		Lease:     cfg.Idempotent.Lease,
 	})
-	// Claims and done marks of concurrent workers share round trips.
-	defer guard.StartPipeline(2, 64)()
 
 	host, _ := os.Hostname()
 	name := fmt.Sprintf("paysvc %s %s/%d", version, host, os.Getpid())
@@ -78,12 +76,24 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	orders.OnRetry = func(error) { m.TxRetries.Inc() }
 	// The notices of the payments this process commits are born leased to
 	// it and handed straight to its dispatcher: no poll, no lease update.
-	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, TLS: amqpTLS, Name: name, Interval: 500 * time.Millisecond, Batch: 100, Log: log,
-		Handoff: make(chan []string, 256)}
+	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, TLS: amqpTLS, Name: name, Log: log,
+		Interval: dispatchInterval, Batch: dispatchBatch, Handoff: make(chan []string, dispatchHandoff)}
 	orders.NoticeLease, orders.OnCommitted = outbox.LeaseTime, dispatcher.Offer
 	deadLetters := deadletter.NewStore(db)
 	events := &trace.Recorder{DB: db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())}
-	defer events.Start(2, 64)() // outcomes recorded at once share an INSERT
+
+	// Three batchers hand what waits at one moment to one round trip
+	// (internal/batch), each started here and stopped after the consumer
+	// has drained: payments that arrive together share a transaction
+	// (mysql.groupSize, mysql.groupConns; with groupSize 1 each is paid
+	// alone), claims and done marks share a Redis pipeline, and outcomes
+	// recorded together share an INSERT.
+	grouper := orders.StartGrouper(cfg.MySQL.GroupConns, cfg.MySQL.GroupSize, func(n int) { m.GroupSize.Observe(float64(n)) })
+	defer grouper.Stop()
+	stopPipeline := guard.StartPipeline(pipelineRunners, pipelineMax)
+	defer stopPipeline()
+	stopEvents := events.Start(eventRunners, eventMax)
+	defer stopEvents()
 	var spans *tracing.Exporter // nil: no export; the trace context still travels
 	if cfg.Trace.OTLPEndpoint != "" {
 		spans = tracing.NewExporter(cfg.Trace.OTLPEndpoint, log)
@@ -103,15 +113,13 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		RedisFallback:  listener.Fallback(cfg.Idempotent.RedisFallback),
 		HandleTimeout:  cfg.handleTimeout(),
 		DrainTimeout:   cfg.AMQP.DrainTimeout,
-		PublishTimeout: 10 * time.Second,
-		MaxBackoff:     15 * time.Second,
-		GroupSize:      cfg.MySQL.GroupSize,
-		GroupConns:     cfg.MySQL.GroupConns,
+		PublishTimeout: publishTimeout,
+		MaxBackoff:     maxBackoff,
 		Metrics:        m,
 		Events:         events,
 		FirstLog:       logging.Sampled(log, cfg.Log.FirstPerSecond, firstThereafter),
 		Spans:          spans,
-	}, orders, guard, log)
+	}, orders, grouper, guard, log)
 
 	// Helpers stop when the consumer has drained, not before.
 	helpers, stopHelpers := context.WithCancel(context.WithoutCancel(ctx))
@@ -131,7 +139,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	wg.Go(func() { parker.Run(helpers) })
 	if cfg.Alert.WebhookURL != "" {
 		alerter := &deadletter.Alerter{Store: deadLetters, URL: cfg.Alert.WebhookURL, Log: log,
-			Client: &http.Client{Timeout: 10 * time.Second}, Interval: 30 * time.Second, Wake: wake,
+			Client: &http.Client{Timeout: alertTimeout}, Interval: alertInterval, Wake: wake,
 			OnFailure: m.AlertFailures.Inc}
 		wg.Go(func() { alerter.Run(helpers) })
 	}
@@ -144,7 +152,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	}
 
 	if health != nil {
-		pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: name + " admin", Timeout: 10 * time.Second, TLS: amqpTLS}
+		pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: name + " admin", Timeout: publishTimeout, TLS: amqpTLS}
 		defer pub.Close()
 		ops, err := cfg.adminOperators() // validated at load
 		if err != nil {
@@ -159,9 +167,38 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	return err
 }
 
-// firstThereafter: past log.firstPerSecond in a second, one applied
-// payment in this many is still logged.
-const firstThereafter = 100
+// The daemon's fixed shapes and bounds, which no setting changes.
+const (
+	// firstThereafter: past log.firstPerSecond in a second, one applied
+	// payment in this many is still logged.
+	firstThereafter = 100
+	// publishTimeout bounds one publish and its confirm: a retry or
+	// terminal copy, or a replay from the admin pages.
+	publishTimeout = 10 * time.Second
+	// maxBackoff caps the consumer's reconnect and dependency-wait backoff.
+	maxBackoff = 15 * time.Second
+	// redisSpareConns: Redis connections beyond one per worker, for the
+	// daemon's other Redis calls (dependency probes, the monitor).
+	redisSpareConns = 4
+	// pipelineRunners Redis pipelines run at once, each of up to
+	// pipelineMax claims and done marks.
+	pipelineRunners, pipelineMax = 2, 64
+	// eventRunners INSERTs of trace events run at once, each of up to
+	// eventMax outcomes.
+	eventRunners, eventMax = 2, 64
+	// The outbox dispatcher polls for due notices every dispatchInterval
+	// when idle, dispatchBatch per transaction; the notices this process
+	// commits reach it through a handoff holding dispatchHandoff offers
+	// (an offer it cannot take is left to the poll).
+	dispatchInterval = 500 * time.Millisecond
+	dispatchBatch    = 100
+	dispatchHandoff  = 256
+	// alertTimeout bounds one dead-letter webhook call; alertInterval is
+	// how often new dead letters are looked for when none wakes the
+	// alerter.
+	alertTimeout  = 10 * time.Second
+	alertInterval = 30 * time.Second
+)
 
 // scheduledReconcile runs reconciliation over the last window, every
 // interval, logging what it finds.

@@ -18,6 +18,15 @@ import (
 	"github.com/paysvc/paysvc/internal/metrics"
 )
 
+const (
+	// healthHeaderTimeout bounds the reading of a request's headers: a
+	// client that trickles them does not hold a connection.
+	healthHeaderTimeout = 5 * time.Second
+	// healthShutdown is how long requests under way may finish at
+	// shutdown.
+	healthShutdown = 5 * time.Second
+)
+
 // healthServer is the daemon's HTTP listener: /healthz, /readyz and
 // /metrics from the start, the admin pages once the daemon is wired.
 type healthServer struct {
@@ -41,7 +50,7 @@ func startHealth(addr string, m *metrics.Metrics, log *zap.Logger) (*healthServe
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	h.mux.HandleFunc("GET /readyz", h.readyz)
 	h.mux.Handle("GET /metrics", m.Handler())
-	h.srv = &http.Server{Handler: h.mux, ReadHeaderTimeout: 5 * time.Second}
+	h.srv = &http.Server{Handler: h.mux, ReadHeaderTimeout: healthHeaderTimeout}
 	go func() {
 		if err := h.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("admin http server", zap.Error(err))
@@ -81,9 +90,9 @@ func (h *healthServer) readyz(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, "ready\n"+where)
 }
 
-// shutdown stops the listener, giving requests under way 5 s.
+// shutdown stops the listener, giving requests under way healthShutdown.
 func (h *healthServer) shutdown() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), healthShutdown)
 	defer cancel()
 	h.srv.Shutdown(ctx)
 }

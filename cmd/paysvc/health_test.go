@@ -75,4 +75,7 @@ func TestHealthcheckFailsAndABusyAddressStopsStartup(t *testing.T) {
 	if err := p.wait(t, 10*time.Second); err == nil || !strings.Contains(p.out.String(), "http.addr") {
 		t.Fatalf("run on a busy http.addr: %v\n%s", err, p.out)
 	}
+	if !strings.Contains(p.out.String(), "http.addr "+busy.Addr().String()) {
+		t.Fatalf("run on a busy http.addr: the error does not name the address %s:\n%s", busy.Addr(), p.out)
+	}
 }

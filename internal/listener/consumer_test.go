@@ -69,8 +69,8 @@ func TestTwoConsumersDuplicateStormAppliesOnce(t *testing.T) {
 	e.publish(msgs...)
 	// One consumer groups payments into shared transactions, the other runs
 	// each alone.
-	e.start(e.redisAddr, e.dsn, func(c *listener.Config) { c.Workers, c.Prefetch = 16, 32 })
-	e.start(e.redisAddr, e.dsn, func(c *listener.Config) { c.GroupSize = 1 })
+	e.start(e.redisAddr, e.dsn, func(c *setup) { c.Workers, c.Prefetch = 16, 32 })
+	e.start(e.redisAddr, e.dsn, func(c *setup) { c.GroupSize = 1 })
 
 	e.waitResults(30*time.Second, func(r map[string]int) bool { return r["FIRST"]+r["DUPLICATE"] == orders*copies },
 		"not every delivery was settled")
@@ -147,7 +147,7 @@ func TestRetryAppliesAfterTopUp(t *testing.T) {
 	e.seedAccount(8, "1.00")
 	e.seedOrder("TOP1", 8, "2.00")
 	e.publish(body("TOP1", 8, "2.00"))
-	e.start(e.redisAddr, e.dsn, func(c *listener.Config) { c.Retry.MaxAttempts = 100 })
+	e.start(e.redisAddr, e.dsn, func(c *setup) { c.Retry.MaxAttempts = 100 })
 	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["RETRY"] >= 1 }, "no retry")
 	e.db.MustExec("UPDATE t_account SET balance = balance + 5 WHERE user_id = 8")
 	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["FIRST"] == 1 }, "not applied after top-up")
@@ -352,7 +352,7 @@ func TestRedisDownOpenGoesOnWithDatabase(t *testing.T) {
 	e.seedOrder("OPEN1", 6, "1.00")
 	msg := body("OPEN1", 6, "1.00")
 	e.publish(msg, msg)
-	e.start(proxy.Addr(), e.dsn, func(c *listener.Config) { c.RedisFallback = listener.FallbackOpen })
+	e.start(proxy.Addr(), e.dsn, func(c *setup) { c.RedisFallback = listener.FallbackOpen })
 	e.waitResults(15*time.Second, func(r map[string]int) bool { return r["FIRST"] == 1 && r["DUPLICATE"] == 1 },
 		"not applied once with a duplicate")
 	if e.flows("OPEN1") != 1 || e.balance(6) != 9900 {
@@ -482,7 +482,7 @@ func TestBrokerConnectionLossResumes(t *testing.T) {
 		msgs = append(msgs, body(no, 13, "1.00"))
 	}
 	e.publish(msgs[:before]...)
-	c := e.start(e.redisAddr, e.dsn, func(c *listener.Config) { c.Workers, c.Prefetch = 2, 4 })
+	c := e.start(e.redisAddr, e.dsn, func(c *setup) { c.Workers, c.Prefetch = 2, 4 })
 	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["FIRST"] >= 10 }, "no progress")
 	testenv.CloseConnections(t, e.amqpURL)
 	testenv.Eventually(t, 10*time.Second, func() bool {
@@ -590,7 +590,7 @@ func TestQuorumMainQueue(t *testing.T) {
 	e.seedAccount(15, "10.00")
 	e.seedOrder("QQ1", 15, "1.00")
 	e.publish(body("QQ1", 15, "1.00"), body("QQ1", 15, "1.00"))
-	e.start(e.redisAddr, e.dsn, func(c *listener.Config) { c.MainQueueType, c.DeliveryLimit = "quorum", 2 })
+	e.start(e.redisAddr, e.dsn, func(c *setup) { c.MainQueueType, c.DeliveryLimit = "quorum", 2 })
 	e.waitResults(15*time.Second, func(r map[string]int) bool { return r["FIRST"] == 1 && r["DUPLICATE"] == 1 }, "not applied once")
 	if e.flows("QQ1") != 1 {
 		t.Fatal("charged other than once")
@@ -618,7 +618,7 @@ func TestOneSlowMessageDoesNotPauseTheOthers(t *testing.T) {
 	defer holder.Rollback()
 	holder.MustExec("SELECT status FROM t_order WHERE order_no = 'SLOW1' FOR UPDATE")
 
-	c := e.start(e.redisAddr, e.dsn, func(cfg *listener.Config) {
+	c := e.start(e.redisAddr, e.dsn, func(cfg *setup) {
 		cfg.HandleTimeout = time.Second // below the pool's lock wait (5s): the handling times out
 		cfg.GroupSize = 1
 		cfg.Retry.MaxAttempts = 5
@@ -685,7 +685,7 @@ func TestSampledFirstKeepsOtherOutcomes(t *testing.T) {
 		e.seedOrder(no, 71, "1.00")
 		msgs = append(msgs, body(no, 71, "1.00"))
 	}
-	e.start(e.redisAddr, e.dsn, func(cfg *listener.Config) { cfg.FirstLog = logging.Sampled(e.log, 2, 1000) })
+	e.start(e.redisAddr, e.dsn, func(cfg *setup) { cfg.FirstLog = logging.Sampled(e.log, 2, 1000) })
 	e.publish(msgs...)
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.totalFlows() == 30 }, "payments not applied")
 	e.publish(msgs...) // every one again: duplicates
@@ -707,7 +707,7 @@ func TestCommitUnknownIsRequeuedAloneThenDuplicate(t *testing.T) {
 	proxy, proxied := testenv.MySQLProxy(t, e.dsn)
 	var once atomic.Bool
 	proxy.BlackholeAfter(func(b []byte) bool { return testenv.IsCommit(b) && once.CompareAndSwap(false, true) })
-	e.start(e.redisAddr, proxied, func(c *listener.Config) { c.HandleTimeout = 2 * time.Second })
+	e.start(e.redisAddr, proxied, func(c *setup) { c.HandleTimeout = 2 * time.Second })
 	e.publish(body("CUK1", 81, "1.00"))
 	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["DUPLICATE"] == 1 }, "the redelivery was not a duplicate")
 	var requeued, dup map[string]any

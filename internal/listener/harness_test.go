@@ -106,25 +106,35 @@ func (c *consumer) wait(t *testing.T) error {
 	}
 }
 
-type option func(*listener.Config)
+// setup is what a test may change before its consumer starts: the
+// consumer's config, and how its payments are grouped (order.Grouper).
+type setup struct {
+	listener.Config
+	GroupSize  int // payments per transaction at most; 1: each alone
+	GroupConns int // grouped transactions running at once
+}
+
+type option func(*setup)
 
 // start runs a consumer against the env; it is stopped at cleanup.
 func (e *env) start(redisAddr, dsn string, opts ...option) *consumer {
 	e.t.Helper()
-	cfg := listener.Config{
-		URL:            e.amqpURL,
-		ConnectionName: e.t.Name(),
-		Prefetch:       8,
-		Workers:        4,
-		Retry:          listener.RetryPolicy{Delays: e.delays, MaxAttempts: 3},
-		RedisFallback:  listener.FallbackClosed,
-		HandleTimeout:  10 * time.Second,
-		DrainTimeout:   10 * time.Second,
-		PublishTimeout: 5 * time.Second,
-		MaxBackoff:     500 * time.Millisecond,
-		GroupSize:      16, // as paysvc runs by default
-		GroupConns:     2,
-		Metrics:        e.metrics,
+	cfg := setup{
+		Config: listener.Config{
+			URL:            e.amqpURL,
+			ConnectionName: e.t.Name(),
+			Prefetch:       8,
+			Workers:        4,
+			Retry:          listener.RetryPolicy{Delays: e.delays, MaxAttempts: 3},
+			RedisFallback:  listener.FallbackClosed,
+			HandleTimeout:  10 * time.Second,
+			DrainTimeout:   10 * time.Second,
+			PublishTimeout: 5 * time.Second,
+			MaxBackoff:     500 * time.Millisecond,
+			Metrics:        e.metrics,
+		},
+		GroupSize:  16, // as paysvc runs by default
+		GroupConns: 2,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -141,7 +151,10 @@ func (e *env) start(redisAddr, dsn string, opts ...option) *consumer {
 	e.t.Cleanup(func() { rdb.Close() })
 	guard := idem.New(rdb, idem.Config{KeyPrefix: e.prefix, TTL: time.Hour, Lease: 5 * time.Second})
 	e.t.Cleanup(guard.StartPipeline(2, 64)) // as the daemon does; runs after the consumer's stop
-	c := listener.New(cfg, order.NewStore(db), guard, e.log)
+	orders := order.NewStore(db)
+	grouper := orders.StartGrouper(cfg.GroupConns, cfg.GroupSize, func(n int) { e.metrics.GroupSize.Observe(float64(n)) })
+	e.t.Cleanup(grouper.Stop) // as the daemon does; runs after the consumer's stop
+	c := listener.New(cfg.Config, orders, grouper, guard, e.log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()

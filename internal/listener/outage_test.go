@@ -58,7 +58,7 @@ func TestOutagesSpendNoDeliveryCount(t *testing.T) {
 				e.seedOrder(no, 91, "1.00")
 				msgs = append(msgs, body(no, 91, "1.00"))
 			}
-			c := e.start(redisProxy.Addr(), dsn, func(cfg *listener.Config) {
+			c := e.start(redisProxy.Addr(), dsn, func(cfg *setup) {
 				cfg.MainQueueType, cfg.DeliveryLimit = "quorum", 3
 			})
 			testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready")

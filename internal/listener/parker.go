@@ -41,20 +41,28 @@ type Parker struct {
 // DefaultParkTimeout bounds one parking's database writes.
 const DefaultParkTimeout = 10 * time.Second
 
+// parkerMaxBackoff caps the parker's reconnect backoff and its wait between
+// attempts to park a held message.
+const parkerMaxBackoff = 15 * time.Second
+
+// parkerPrefetch is how many terminal messages the broker may send the
+// parker ahead of its acks.
+const parkerPrefetch = 16
+
 // ClassUnparkable is the class of a terminal message the table refused as
 // it came (a value no column takes), parked with its body alone.
 const ClassUnparkable = "unparkable"
 
 // Run parks terminal messages until ctx ends, reconnecting with backoff.
 func (p *Parker) Run(ctx context.Context) {
-	bo := broker.Backoff{Max: 15 * time.Second}
+	bo := broker.Backoff{Max: parkerMaxBackoff}
 	for ctx.Err() == nil {
 		started := time.Now()
 		err := p.session(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		if time.Since(started) > time.Minute {
+		if time.Since(started) > stableSession {
 			bo.Reset()
 		}
 		wait := bo.Next()
@@ -78,7 +86,7 @@ func (p *Parker) session(ctx context.Context) error {
 	if err := declareTerminal(ch, p.TerminalDeliveryLimit); err != nil {
 		return err
 	}
-	if err := ch.Qos(16, 0, false); err != nil {
+	if err := ch.Qos(parkerPrefetch, 0, false); err != nil {
 		return err
 	}
 	// The terminal queue, and what it dead-lettered past its delivery limit.
@@ -101,7 +109,7 @@ func (p *Parker) session(ctx context.Context) error {
 			}
 			parked := parkedFrom(d, time.Now())
 			id, becameNew, err := p.park(ctx, parked)
-			for bo := (broker.Backoff{Max: 15 * time.Second}); err != nil; {
+			for bo := (broker.Backoff{Max: parkerMaxBackoff}); err != nil; {
 				// The database is unreachable or slow: hold the message and
 				// try again (returned, it would count toward the terminal
 				// queue's delivery limit); at shutdown the closing channel

@@ -96,7 +96,7 @@ func TestParkedReasonIsWhatFinallyHappened(t *testing.T) {
 	// x-death of the wait queue it came back from.
 	e.seedOrder("STALE2", 31, "7.00")
 	e.publish(body("STALE2", 31, "7.00"))
-	e.start(e.redisAddr, e.dsn, func(cfg *listener.Config) { cfg.Retry.MaxAttempts = 1 })
+	e.start(e.redisAddr, e.dsn, func(cfg *setup) { cfg.Retry.MaxAttempts = 1 })
 	testenv.Eventually(t, 10*time.Second, func() bool { return len(e.deadLetters("order_no = 'STALE2'")) == 1 }, "not parked")
 	got = e.deadLetters("order_no = 'STALE2'")[0]
 	if got.ErrorClass != "balance_not_enough" || !strings.Contains(got.LastError, "gave up after 1 retries") {

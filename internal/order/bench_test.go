@@ -22,7 +22,7 @@ func BenchmarkPay(b *testing.B) {
 // (groups of up to 16 on 2 connections).
 func BenchmarkGrouperPay(b *testing.B) {
 	benchPayments(b, func(store *order.Store) (func(context.Context, order.Payment) error, func()) {
-		g := store.NewGrouper(16, 2, nil)
+		g := store.StartGrouper(2, 16, nil)
 		return g.Pay, g.Stop
 	})
 }

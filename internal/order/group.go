@@ -43,10 +43,12 @@ type request struct {
 // errAlone is a committer's answer for a payment its group did not apply.
 var errAlone = errors.New("not applied in a group: run alone")
 
-// NewGrouper starts conns committers, each putting up to size waiting
-// payments into one transaction. observe, if not nil, is told each group's
-// size. Stop ends them. With size 1 no committer starts and Pay is Store.Pay.
-func (s *Store) NewGrouper(size, conns int, observe func(n int)) *Grouper {
+// StartGrouper starts conns committers, each putting up to size waiting
+// payments into one transaction (batch.Start's shape, as the Redis
+// pipelines and the trace events have). observe, if not nil, is told each
+// group's size. Stop ends them. With size 1 no committer starts and Pay is
+// Store.Pay.
+func (s *Store) StartGrouper(conns, size int, observe func(n int)) *Grouper {
 	g := &Grouper{s: s, observe: observe}
 	if size > 1 {
 		g.groups = batch.Start(max(conns, 1), size, g.commit)

@@ -173,7 +173,7 @@ func together(t *testing.T, db *sqlx.DB, store *order.Store, size int, ps []orde
 	}
 	var mu sync.Mutex
 	var sizes []int
-	g := store.NewGrouper(size, 1, func(n int) { mu.Lock(); sizes = append(sizes, n); mu.Unlock() })
+	g := store.StartGrouper(1, size, func(n int) { mu.Lock(); sizes = append(sizes, n); mu.Unlock() })
 	defer func() { lock.Rollback(); g.Stop() }() // the lock first: Stop waits for the committer
 	blocked := make(chan error, 1)
 	go func() { blocked <- g.Pay(ctx, pay("BLOCKER", 999, 100)) }()
@@ -298,7 +298,7 @@ func TestGrouperUnderLoad(t *testing.T) {
 	}
 	var mu sync.Mutex
 	grouped := 0
-	g := order.NewStore(db).NewGrouper(10, 3, func(n int) {
+	g := order.NewStore(db).StartGrouper(3, 10, func(n int) {
 		if n > 1 {
 			mu.Lock()
 			grouped++

@@ -247,20 +247,21 @@ func startConsumer(ctx context.Context, b *bed, o *options, cc consumerConfig, r
 	orders.OnRetry = func(error) { m.TxRetries.Inc() }
 	events := &trace.Recorder{DB: db, Instance: "paybench"}
 	stopEvents := events.Start(2, 64) // as the daemon does
+	grouper := orders.StartGrouper(cc.groupConns, cc.groupSize, func(n int) { m.GroupSize.Observe(float64(n)) })
 	c := listener.New(listener.Config{
 		URL: b.amqpURL, ConnectionName: "paybench", Prefetch: cc.prefetch, Workers: cc.workers,
 		Retry:         listener.RetryPolicy{Delays: delays, MaxAttempts: 5},
 		RedisFallback: listener.FallbackClosed, HandleTimeout: 30 * time.Second, DrainTimeout: 30 * time.Second,
 		PublishTimeout: 10 * time.Second, MaxBackoff: 15 * time.Second, Metrics: m,
-		GroupSize: cc.groupSize, GroupConns: cc.groupConns,
 		Events: events,
-	}, orders, guard, log)
+	}, orders, grouper, guard, log)
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { c.Run(cctx); close(done) }()
 	return func() {
 		cancel()
 		<-done
+		grouper.Stop()
 		stopPipe()
 		stopEvents()
 		rdb.Close()

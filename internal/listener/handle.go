@@ -1,0 +1,176 @@
+package listener
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/paysvc/paysvc/internal/fault"
+	"github.com/paysvc/paysvc/internal/idem"
+	"github.com/paysvc/paysvc/internal/tracing"
+)
+
+// outcome is what handling decided for one delivery.
+type outcome struct {
+	kind     Kind
+	class    Class
+	err      error
+	orderNo  string
+	key      string
+	degraded bool          // handled without the Redis guard (OPEN)
+	wait     time.Duration // in_flight: the other holder's remaining lease
+}
+
+// lateWriteTimeout bounds a write that must happen even when the message's
+// context has ended: the done mark, the release of a claim, the trace event
+// of the outcome.
+const lateWriteTimeout = 2 * time.Second
+
+// redisSkip is how long the consumer goes on without Redis under OPEN after
+// Redis failed, instead of paying a timeout on every message.
+const redisSkip = 5 * time.Second
+
+// handle decides one delivery: decode, claim, pay, mark. A panic becomes a
+// terminal outcome.
+func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Context, log *zap.Logger) (out outcome) {
+	var cs claimState
+	held := false // a claim this call must still mark done or release
+	defer func() {
+		if r := recover(); r != nil {
+			log.Error("panic while handling", zap.String("order_no", out.orderNo),
+				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+			out.kind, out.class, out.err = Terminal, ClassPanic, fmt.Errorf("%w: %v", errPanic, r)
+			if held {
+				c.release(ctx, out.orderNo, cs.claim, "panic", log)
+			}
+		}
+	}()
+	p, err := DecodePayment(d.Body)
+	if err != nil {
+		out.kind, out.class = classify(err)
+		out.err = err
+		return out
+	}
+	out.orderNo, out.key = p.OrderNo, c.guard.Key(p.OrderNo)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.HandleTimeout)
+	defer cancel()
+
+	settle := func(err error) outcome {
+		out.err = err
+		out.kind, out.class = classify(err)
+		return out
+	}
+
+	cs, err = c.claim(ctx, p.OrderNo, log)
+	if err != nil {
+		return settle(err)
+	}
+	out.degraded = cs.degraded
+	held = cs.state == idem.Claimed
+	fault.Point("after_claim")
+
+	if cs.state == idem.Done || cs.state == idem.InFlight {
+		// Redis alone never drops a message: the database decides.
+		switch err := c.orders.Check(ctx, p); {
+		case err != nil:
+			return settle(err) // already paid → duplicate; or why not
+		case cs.state == idem.InFlight:
+			out.wait = cs.claim.Remaining
+			return settle(fmt.Errorf("order %s: %w (lease %s left)", p.OrderNo, errInFlight, cs.claim.Remaining.Round(time.Millisecond)))
+		default:
+			c.m.Disagreements.WithLabelValues("redis_done_db_unpaid").Inc()
+			log.Warn("redis and database disagree: key says done, order is not paid; applying",
+				zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key))
+		}
+	}
+
+	// The database transaction is a child span of the message's; the
+	// notice it writes carries it as its parent.
+	db := span.Child()
+	p.Trace = db.String()
+	payStart := time.Now()
+	err = c.payer.Pay(ctx, p)
+	if c.cfg.Spans != nil {
+		c.cfg.Spans.Export(tracing.Span{Context: db, Parent: span.SpanID, Name: "paysvc pay", Kind: tracing.KindClient,
+			Start: payStart, End: time.Now(), Attrs: map[string]string{"db.system": "mysql", "paysvc.order_no": p.OrderNo},
+			Err: errText(err)})
+	}
+	kind, _ := classify(err)
+	if err == nil {
+		fault.Point("after_commit")
+	}
+	bg, cancelBg := context.WithTimeout(context.WithoutCancel(ctx), lateWriteTimeout)
+	defer cancelBg()
+	switch {
+	case !held:
+	case kind == Applied || kind == Duplicate:
+		if kind == Duplicate {
+			// Redis let the message through as new; the database had it.
+			c.m.Disagreements.WithLabelValues("redis_new_db_applied").Inc()
+			log.Info("redis and database disagree: key was new, the database had the payment",
+				zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key))
+		}
+		if err := c.guard.Done(bg, p.OrderNo); err != nil {
+			log.Warn("could not mark the key done; its lease will expire and the database stays the guard",
+				zap.String("order_no", p.OrderNo), zap.Error(err))
+		}
+	default:
+		c.release(ctx, p.OrderNo, cs.claim, "failure", log)
+	}
+	held = false
+	return settle(err)
+}
+
+// claimState is what claiming an order's Redis key found.
+type claimState struct {
+	// state is Claimed (this call holds the lease: mark it done or release
+	// it), Done or InFlight; 0 when the guard was skipped (degraded).
+	state idem.State
+	// claim is the lease held, or what the key held (Remaining, for
+	// InFlight).
+	claim idem.Claim
+	// degraded: no Redis guard for this message, the database guards
+	// alone (OPEN).
+	degraded bool
+}
+
+// claim takes the order's Redis key. Under CLOSED, Redis trouble is an
+// errRedisUnavailable; under OPEN it is a degraded claim (the database guards
+// alone), and Redis is skipped for redisSkip.
+func (c *Consumer) claim(ctx context.Context, orderNo string, log *zap.Logger) (claimState, error) {
+	open := c.cfg.RedisFallback == FallbackOpen
+	if open && time.Now().UnixNano() < c.redisDownUntil.Load() {
+		c.m.Degraded.Set(1)
+		log.Warn("redis guard skipped: degraded (idempotent.redisFallback=OPEN)", zap.String("order_no", orderNo))
+		return claimState{degraded: true}, nil
+	}
+	st, claim, err := c.guard.Claim(ctx, orderNo)
+	if err == nil {
+		c.m.Degraded.Set(0)
+		return claimState{state: st, claim: claim}, nil
+	}
+	// The SET may have landed before the reply was lost: free it if we can.
+	c.release(ctx, orderNo, claim, "claim error", log)
+	if !open {
+		return claimState{claim: claim}, fmt.Errorf("%w: %w", errRedisUnavailable, err)
+	}
+	c.redisDownUntil.Store(time.Now().Add(redisSkip).UnixNano())
+	c.m.Degraded.Set(1)
+	log.Warn("redis unavailable: going on with the database guards alone (idempotent.redisFallback=OPEN)",
+		zap.String("order_no", orderNo), zap.Error(err))
+	return claimState{claim: claim, degraded: true}, nil
+}
+
+// release deletes the claim if it still holds its token, even when ctx is
+// done (but within lateWriteTimeout), and logs whether a key was deleted.
+func (c *Consumer) release(ctx context.Context, orderNo string, claim idem.Claim, after string, log *zap.Logger) {
+	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateWriteTimeout)
+	defer cancel()
+	released, err := c.guard.Release(bg, claim)
+	log.Info("idem key released", zap.String("order_no", orderNo), zap.String("idem_key", claim.Key),
+		zap.Bool("deleted", released), zap.NamedError("release_error", err), zap.String("after", after))
+}

@@ -1,0 +1,194 @@
+package listener
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/paysvc/paysvc/internal/broker"
+	"github.com/paysvc/paysvc/internal/fault"
+	"github.com/paysvc/paysvc/internal/trace"
+	"github.com/paysvc/paysvc/internal/tracing"
+)
+
+// process handles one delivery and tells the broker. It is the only place
+// that acks. While a dependency is down it holds the delivery and handles it
+// again once the dependency answers: returned to the broker, it would count
+// as a failed delivery on a quorum queue. It lets go of it (nack, requeue)
+// only when sess ends: shutdown or a lost broker session. route decides
+// what the broker is told; process then does it, and logs, counts, records
+// and exports the result.
+func (c *Consumer) process(ctx, sess context.Context, pub *broker.Publisher, d amqp.Delivery, pause chan<- error) {
+	start := time.Now()
+	if d.Timestamp.IsZero() {
+		c.lastEnqueued.Store(start.UnixNano())
+	} else {
+		c.lastEnqueued.Store(d.Timestamp.UnixNano())
+	}
+	// The message's span: a child of the producer's traceparent, or the
+	// root of a new trace. Every log line of the message carries its trace
+	// id; every copy paysvc publishes of it carries the span as parent.
+	in, traced := tracing.FromHeaders(d.Headers)
+	if !traced {
+		in = tracing.New()
+	}
+	span := in.Child()
+	traceID := zap.String("trace_id", span.TraceIDHex())
+	log := c.log.With(traceID)
+	var out outcome
+	held := broker.Backoff{Max: c.cfg.MaxBackoff}
+	letGo := false // held through an outage until the session ended
+	for {
+		out = c.handle(ctx, d, span, log)
+		if out.kind != Unavailable || fault.Mutated("park_unavailable") ||
+			(out.class != ClassMySQLError && c.dependenciesUp(ctx)) {
+			break
+		}
+		if !c.hold(sess, &held, out.class) {
+			letGo = true
+			break
+		}
+	}
+	routed := out
+	if fault.Mutated("park_unavailable") && routed.kind == Unavailable {
+		routed.kind = Terminal // a deliberately broken build: outages dead-letter payable payments
+	}
+	a := route(routed, d.Headers, c.cfg.Retry, letGo)
+
+	// The broker I/O. A copy that is not safely stored sends the original
+	// back instead, and restarts the session (reconnect, redeclare) before
+	// more is taken.
+	result, attempt := a.result, a.attempt
+	var brokerErr error
+	switch {
+	case a.copy != nil:
+		msg := a.copy.publishing(d, time.Now())
+		msg.Headers[tracing.Header] = span.String()
+		if err := pub.Publish(ctx, a.copy.exchange, a.copy.queue, msg); err != nil {
+			result, attempt, brokerErr = ResultRequeue, retryCount(d.Headers), d.Nack(false, true)
+			log.Error("copy not published; message requeued", zap.String("order_no", out.orderNo),
+				zap.String("queue", a.copy.queue), zap.Error(err))
+			signal(pause, fmt.Errorf("publish: %w", err))
+		} else {
+			brokerErr = d.Ack(false)
+		}
+		if a.copy.queue == MainQueue {
+			c.m.RequeuedAlone.Inc()
+		}
+	case a.nack:
+		brokerErr = d.Nack(false, true)
+	default:
+		brokerErr = d.Ack(false)
+	}
+
+	fields := []zap.Field{
+		traceID,
+		zap.String("order_no", out.orderNo),
+		zap.String("idem_key", out.key),
+		zap.String("result", result.String()),
+		zap.Int("attempt", attempt),
+		zap.String("error_class", string(out.class)),
+		zap.Duration("duration", time.Since(start)),
+		zap.Uint64("delivery_tag", d.DeliveryTag),
+		zap.Bool("redelivered", d.Redelivered),
+	}
+	if out.degraded {
+		fields = append(fields, zap.Bool("degraded", true))
+	}
+	if a.err != nil && out.kind != Duplicate {
+		fields = append(fields, zap.NamedError("error", a.err))
+	}
+	c.m.Messages.WithLabelValues(result.String()).Inc()
+	c.m.Duration.Observe(time.Since(start).Seconds())
+	if out.class != ClassNone {
+		c.m.Errors.WithLabelValues(string(out.class)).Inc()
+	}
+	if result != ResultFirst && out.orderNo != "" && c.cfg.Events != nil {
+		detail := ""
+		if a.err != nil && out.kind != Duplicate {
+			detail = a.err.Error()
+		}
+		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateWriteTimeout)
+		if err := c.cfg.Events.Record(bg, trace.Event{OrderNo: out.orderNo, Event: result.String(),
+			ErrorClass: string(out.class), Attempt: attempt, Detail: detail}); err != nil {
+			log.Warn("could not record the outcome for trace", zap.String("order_no", out.orderNo), zap.Error(err))
+		}
+		cancel()
+	}
+	if c.cfg.Spans != nil {
+		c.cfg.Spans.Export(tracing.Span{Context: span, Parent: parentOf(in, traced), Name: MainQueue + " process", Kind: tracing.KindConsumer,
+			Start: start, End: time.Now(), Err: errText(a.err), Attrs: map[string]string{
+				"messaging.system": "rabbitmq", "messaging.destination.name": MainQueue, "messaging.operation": "process",
+				"paysvc.order_no": out.orderNo, "paysvc.result": result.String(), "paysvc.error_class": string(out.class)}})
+	}
+	if brokerErr != nil {
+		// The channel is gone; the broker redelivers and the guards find the
+		// outcome.
+		fields = append(fields, zap.NamedError("broker_error", brokerErr))
+		c.log.Warn("outcome not acknowledged", fields...)
+		return
+	}
+	if result == ResultFirst {
+		c.cfg.FirstLog.Info("message handled", fields...)
+		return
+	}
+	c.log.Info("message handled", fields...)
+}
+
+// hold keeps a worker (and its delivery) waiting while a dependency is
+// down: consumption is paused (readiness off, logged once per pause) until
+// a probe passes. It waits with backoff (bo, kept by the caller across
+// attempts on the same message: a dependency can answer its probe and
+// still fail the real work, a read-only failover or a schema problem). It
+// returns false when sess ends first.
+func (c *Consumer) hold(sess context.Context, bo *broker.Backoff, class Class) bool {
+	held := c.m.Held.WithLabelValues(class.dependency())
+	held.Inc()
+	defer held.Dec()
+	if c.paused.Add(1) == 1 {
+		if fault.Mutated("exit_on_pause") {
+			os.Exit(3) // a deliberately broken build: crashes on an outage
+		}
+		c.m.Pauses.WithLabelValues(string(class)).Inc()
+		c.m.Paused.Set(1)
+		c.log.Warn("consumption paused; waiting for the dependency", zap.String("error_class", string(class)))
+	}
+	c.updateReady()
+	defer func() {
+		if c.paused.Add(-1) == 0 {
+			c.m.Paused.Set(0)
+			c.log.Info("consumption resumed")
+		}
+		c.updateReady()
+	}()
+	for {
+		if !broker.Sleep(sess, bo.Next()) {
+			return false
+		}
+		if err := c.probeDependencies(sess); err == nil {
+			return true
+		} else if sess.Err() != nil {
+			return false
+		}
+	}
+}
+
+// parentOf is the parent span id of a message's span: the producer's span,
+// or none when the message came without a trace.
+func parentOf(in tracing.Context, traced bool) [8]byte {
+	if !traced {
+		return [8]byte{}
+	}
+	return in.SpanID
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

@@ -1,0 +1,203 @@
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/paysvc/paysvc/internal/broker"
+)
+
+// session runs one connection: declare, consume, dispatch to workers, and on
+// the way out cancel the consumer, drain the workers and close. It returns
+// why it ended (nil when ctx was cancelled).
+func (c *Consumer) session(ctx context.Context) error {
+	host, _ := os.Hostname()
+	conn, err := broker.Dial(c.cfg.URL, c.cfg.ConnectionName, c.cfg.TLS)
+	if err != nil {
+		if errors.Is(err, amqp.ErrCredentials) {
+			return &fatalError{err}
+		}
+		return err
+	}
+	defer closeWithin(closeTimeout, func() { conn.Close() })
+	node := conn.RemoteAddr().String()
+	if prev := c.node.Swap(&node); prev != nil && *prev != node {
+		c.m.Failovers.WithLabelValues("broker").Inc()
+		c.log.Warn("broker node changed", zap.String("from", *prev), zap.String("broker_node", node))
+	}
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go func() {
+		for b := range blocked {
+			// A resource alarm: publishes (and acks on this connection) stall
+			// until it clears. Nothing is lost; say so.
+			c.log.Warn("broker blocked this connection", zap.Bool("active", b.Active), zap.String("reason", b.Reason))
+		}
+	}()
+
+	setup, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("amqp channel: %w", err)
+	}
+	if err := DeclareTopology(setup, Topology{Delays: c.cfg.Retry.Delays,
+		MainQueueType: c.cfg.MainQueueType, DeliveryLimit: c.cfg.DeliveryLimit}); err != nil {
+		if refused(err) {
+			return &fatalError{err}
+		}
+		return err
+	}
+	setup.Close()
+
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("amqp channel: %w", err)
+	}
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("amqp qos: %w", err)
+	}
+	tag := fmt.Sprintf("paysvc-%s-%d-%d", host, os.Getpid(), time.Now().UnixNano())
+	deliveries, err := ch.Consume(MainQueue, tag,
+		false, // autoAck: ack only after the outcome is durable
+		false, // exclusive: competing consumers share the queue
+		false, false, nil)
+	if err != nil {
+		return fmt.Errorf("amqp consume: %w", err)
+	}
+
+	// Workers finish what they started even when ctx is cancelled, until the
+	// drain timeout cancels procCtx. A worker holding a message through an
+	// outage lets go of it when the session ends (sessCtx).
+	procCtx, stopProc := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopProc()
+	sessCtx, endSession := context.WithCancel(ctx)
+	defer endSession()
+	work := make(chan amqp.Delivery)
+	pause := make(chan error, 1)
+	acks := newCoalescer(ch) // the workers' acks, coalesced (ack.go)
+	var wg sync.WaitGroup
+	for range c.cfg.Workers {
+		wg.Go(func() {
+			pub := broker.NewPublisher(conn, c.cfg.PublishTimeout)
+			defer pub.Close()
+			for d := range work {
+				d.Acknowledger = acks
+				c.process(procCtx, sessCtx, pub, d, pause)
+			}
+		})
+	}
+	c.setReady(true)
+	c.log.Info("consuming", zap.String("queue", MainQueue), zap.String("broker_node", node), zap.String("consumer_tag", tag),
+		zap.Int("prefetch", c.cfg.Prefetch), zap.Int("workers", c.cfg.Workers))
+
+	reason := dispatch(ctx, deliveries, work, pause, connClosed, chClosed)
+	endSession()
+	c.setReady(false)
+
+	// Stop intake first, so the broker sends nothing more (a dead channel
+	// sends nothing anyway).
+	teardown := time.Now()
+	if !ch.IsClosed() && !conn.IsClosed() {
+		closeWithin(closeTimeout, func() {
+			ch.Cancel(tag, false) // noWait=false: wait for cancel-ok
+		})
+	}
+	close(work)
+	drained := make(chan struct{})
+	go func() { wg.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(c.cfg.DrainTimeout):
+		c.log.Warn("drain timeout: abandoning in-flight messages; the broker will redeliver them",
+			zap.Duration("drain_timeout", c.cfg.DrainTimeout))
+		stopProc()
+		select {
+		case <-drained:
+		case <-time.After(closeTimeout):
+			// A worker stuck in a write to a blocked connection: closing
+			// the connection below frees it; nothing it holds was acked.
+			c.log.Error("workers did not stop after the drain timeout; closing the connection under them")
+		}
+	}
+	// The acks still held go out before the channel closes (bounded: a
+	// blocked connection may not take them). Prefetched messages no worker
+	// started are still unacked: closing the channel puts them back on the
+	// queue. A blocked broker may never answer the close: bound the wait
+	// (the deferred conn.Close is bounded too).
+	closeWithin(closeTimeout, acks.Close)
+	closeWithin(closeTimeout, func() { ch.Close() })
+	c.log.Debug("session torn down", zap.Duration("duration", time.Since(teardown)), zap.NamedError("error", reason))
+	return reason
+}
+
+// closeTimeout bounds each step of a session's teardown (the consumer's
+// cancel, the last acks, the channel's and the connection's close) and the
+// wait for workers past the drain timeout: a blocked broker may never
+// answer.
+const closeTimeout = 5 * time.Second
+
+// closeWithin runs f, waiting for it at most d.
+func closeWithin(d time.Duration, f func()) {
+	done := make(chan struct{})
+	go func() { f(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
+}
+
+// dispatch hands deliveries to workers until ctx ends, a worker asks for a
+// pause, or the connection, channel or delivery stream ends. A delivery
+// taken but not handed over stays unacked and goes back to the queue when
+// the channel closes.
+func dispatch(ctx context.Context, deliveries <-chan amqp.Delivery, work chan<- amqp.Delivery,
+	pause <-chan error, connClosed, chClosed <-chan *amqp.Error) error {
+	closedErr := func(what string, e *amqp.Error) error {
+		if e == nil {
+			return fmt.Errorf("amqp %s closed", what)
+		}
+		return fmt.Errorf("amqp %s closed: %w", what, e)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-pause:
+			return err
+		case e := <-connClosed:
+			return closedErr("connection", e)
+		case e := <-chClosed:
+			return closedErr("channel", e)
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("amqp deliveries closed: consumer cancelled")
+			}
+			select {
+			case work <- d:
+			case <-ctx.Done():
+				return nil
+			case err := <-pause:
+				return err
+			case e := <-connClosed:
+				return closedErr("connection", e)
+			case e := <-chClosed:
+				return closedErr("channel", e)
+			}
+		}
+	}
+}
+
+// signal asks dispatch for a pause (a new session) unless one is asked already.
+func signal(pause chan<- error, err error) {
+	select {
+	case pause <- err:
+	default:
+	}
+}
