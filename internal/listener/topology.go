@@ -147,10 +147,10 @@ func mismatch(kind, name string, err error) error {
 		return fmt.Errorf("topology: %s exists with other arguments than paysvc declares, most likely another "+
 			"queue type than amqp.queueType asks for (quorum by default since the production-topology release). "+
 			"Either set amqp.queueType to the queue's type, or migrate: stop the producers, let paysvc drain the "+
-			"queue, stop paysvc, delete %s, start paysvc (it declares the new one), start the producers (README, "+
+			"queue, stop paysvc, delete %s, start paysvc (it declares the new one), start the producers (docs/design.md, "+
 			"\"Migrating to quorum queues\"): %w", MainQueue, MainQueue, err)
 	}
 	return fmt.Errorf("topology: %s %s exists with other arguments than paysvc declares; drain and delete it "+
-		"(paysvc declares it again), or restore the configuration it was made with (README, \"Migrating to "+
+		"(paysvc declares it again), or restore the configuration it was made with (docs/design.md, \"Migrating to "+
 		"quorum queues\"): %w", kind, name, err)
 }

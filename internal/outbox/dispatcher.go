@@ -93,7 +93,7 @@ func Declare(ch *amqp.Channel) error {
 		"x-dead-letter-strategy":    "at-least-once",
 		"x-overflow":                "reject-publish",
 	}); err != nil {
-		return fmt.Errorf("declare queue %s (drain and delete a %s declared by an earlier paysvc: README, \"Migrating to quorum queues\"): %w",
+		return fmt.Errorf("declare queue %s (drain and delete a %s declared by an earlier paysvc: docs/design.md, \"Migrating to quorum queues\"): %w",
 			Queue, Queue, err)
 	}
 	if err := ch.QueueBind(Queue, "pay.#", Exchange, false, nil); err != nil {

@@ -160,7 +160,7 @@ func flowUniqueIndex(ctx context.Context, conn *sqlx.Conn) error {
 		return fmt.Errorf("t_account_flow has %d (biz_no, type) pairs booked more than once, so UNIQUE "+
 			"uk_biz_no_type cannot be added: run `paysvc reconcile` to list them and `paysvc reconcile --fix` "+
 			"to book their reversals, then move the reversed duplicates out of t_account_flow "+
-			"(README, \"Legacy duplicates\") and run `paysvc migrate` again", dups)
+			"(docs/operations.md, \"Legacy duplicates\") and run `paysvc migrate` again", dups)
 	}
 	_, err = conn.ExecContext(ctx, "ALTER TABLE t_account_flow ADD UNIQUE KEY uk_biz_no_type (biz_no, type)")
 	return err
