@@ -39,10 +39,12 @@ type Dispatcher struct {
 
 // DefaultMarkDelay: the SENT marks of the notices handed over in this long
 // share one statement (one commit, one redo log flush) instead of one per
-// publish batch; markMax of them are marked at once.
+// publish batch; markMax of them are marked at once. Both stay small: a
+// notice sent and not marked still counts in paysvc_outbox_pending (at most
+// markMax per replica, well under the NoticesPending alert's 500).
 const (
-	DefaultMarkDelay = 200 * time.Millisecond
-	markMax          = 1000
+	DefaultMarkDelay = 100 * time.Millisecond
+	markMax          = 100
 )
 
 // Offer hands the dispatcher the notices of payments its own process
