@@ -247,7 +247,7 @@ func compare(ctx context.Context, o *options, rounds int, row func(string, float
 			return err
 		}
 		row(fmt.Sprintf("round %d: open loop into the daemon at half its peak, publish→payment", i), psv.rate/2,
-			fmt.Sprintf("p50 %s  p99 %s  p99.9 %s; %s", ms(lat.p50), ms(lat.p99), ms(lat.p999), lat.worst))
+			fmt.Sprintf("p50 %s  p99 %s  p99.9 %s; %s", ms(lat.p50), ms(lat.p99), ms(lat.p999), lat.worst+"; "+lat.redo))
 		r := []float64{psv.rate / ref.rate, psv.rate / art.rate,
 			float64(psv.cost["mariadbd"]) / float64(ref.cost["mariadbd"]), float64(psv.cost.total()) / float64(ref.cost.total()),
 			hot.rate / psv.rate}

@@ -87,7 +87,7 @@ func (c cpuCost) String() string {
 
 // dbCounters are MariaDB's global counters a run is charged per payment:
 // what the server was asked to do, next to what it cost.
-var dbCounters = []string{"Questions", "Com_commit", "Handler_write", "Handler_update", "Handler_read_key", "Handler_read_next", "Innodb_data_fsyncs"}
+var dbCounters = []string{"Questions", "Com_commit", "Handler_write", "Handler_update", "Handler_read_key", "Handler_read_next", "Innodb_data_fsyncs", "Innodb_os_log_written"}
 
 // dbStatus reads dbCounters (a failed read gives zeros: the figures are
 // context, not the measurement).

@@ -368,6 +368,25 @@ type latencies struct {
 	// worst is the second of the run (by publish time) whose payments
 	// waited longest: where a stall was, for whoever reads a bad p99.
 	worst string
+	// redo is InnoDB's checkpoint age when the loop started (redoState).
+	redo string
+}
+
+// redoState says how much redo InnoDB had still to checkpoint when the
+// loop started, of its maximum. Whatever ran before (the seeding, earlier
+// rounds) leaves redo to checkpoint, and near InnoDB's flush points every
+// writer waits on page flushes: with this machine's 96 MiB redo log and
+// io_capacity 200 that is a stall of a second or more, which lands in the
+// loop at a second that depends on what ran before it (read it next to the
+// worst second).
+func redoState(ctx context.Context, db *sqlx.DB) string {
+	var age, maxAge int64
+	var name string
+	if db.QueryRowxContext(ctx, "SHOW GLOBAL STATUS LIKE 'Innodb_checkpoint_age'").Scan(&name, &age) != nil ||
+		db.QueryRowxContext(ctx, "SHOW GLOBAL STATUS LIKE 'Innodb_checkpoint_max_age'").Scan(&name, &maxAge) != nil {
+		return "InnoDB checkpoint age unknown"
+	}
+	return fmt.Sprintf("InnoDB checkpoint age at the start %d of %d MiB", age>>20, maxAge>>20)
 }
 
 // worstSecond names the second after start whose messages waited longest
@@ -459,6 +478,7 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration, us
 	if err = ch.Confirm(false); err != nil {
 		return
 	}
+	lat.redo = redoState(ctx, b.DB)
 	sent := make([]time.Time, n)
 	interval := time.Duration(float64(time.Second) / rate)
 	start := time.Now()
