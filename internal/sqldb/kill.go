@@ -76,7 +76,7 @@ func (c *killingConn) watch(ctx context.Context) func() {
 	if ctx.Done() == nil {
 		return func() {}
 	}
-	stop := context.AfterFunc(ctx, func() {
+	kill := func() {
 		c.killed.Store(true)
 		kctx, cancel := context.WithTimeout(context.Background(), killTimeout)
 		defer cancel()
@@ -96,9 +96,16 @@ func (c *killingConn) watch(ctx context.Context) func() {
 				side, _ = c.connector.Connect(kctx)
 			}
 			if side != nil {
-				side.(driver.ExecerContext).ExecContext(kctx, fmt.Sprintf("KILL CONNECTION %d", c.id), nil)
-				if gone(kctx, side, c.id) {
+				_, kerr := side.(driver.ExecerContext).ExecContext(kctx, fmt.Sprintf("KILL CONNECTION %d", c.id), nil)
+				done, qerr := gone(kctx, side, c.id)
+				if done {
 					return
+				}
+				if kerr != nil || qerr != nil {
+					// The side connection itself may be broken (seen under
+					// load: unexpected EOF): dial a new one next time.
+					side.Close()
+					side = nil
 				}
 			}
 			select {
@@ -106,33 +113,43 @@ func (c *killingConn) watch(ctx context.Context) func() {
 			case <-time.After(200 * time.Millisecond):
 			}
 		}
-	})
+	}
+	stop := context.AfterFunc(ctx, kill)
 	return func() {
-		if !stop() {
+		switch {
+		case !stop():
 			c.killed.Store(true) // the kill is under way or done
+		case ctx.Err() != nil:
+			// ctx ended and the driver returned before ctx got round to
+			// starting kill (it closes Done first, then starts its
+			// AfterFuncs): stopping it here would leave the statement
+			// running on the server. Seen under load in CI.
+			c.killed.Store(true)
+			go kill()
 		}
 	}
 }
 
-// gone reports whether the server no longer runs thread id.
-func gone(ctx context.Context, side driver.Conn, id uint64) bool {
+// gone reports whether the server no longer runs thread id; err says the
+// question could not be asked.
+func gone(ctx context.Context, side driver.Conn, id uint64) (bool, error) {
 	rows, err := side.(driver.QueryerContext).QueryContext(ctx,
 		fmt.Sprintf("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %d", id), nil)
 	if err != nil {
-		return false
+		return false, err
 	}
 	defer rows.Close()
 	v := make([]driver.Value, 1)
-	if rows.Next(v) != nil {
-		return false
+	if err := rows.Next(v); err != nil {
+		return false, err
 	}
 	switch n := v[0].(type) {
 	case []byte:
-		return string(n) == "0"
+		return string(n) == "0", nil
 	case int64:
-		return n == 0
+		return n == 0, nil
 	}
-	return false
+	return false, fmt.Errorf("processlist count: unexpected %T", v[0])
 }
 
 func (c *killingConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
