@@ -42,10 +42,10 @@ var keys = []key{
 	{name: "amqp.url", def: "amqp://127.0.0.1:5672/", redact: redactURLs, check: checkAMQPURLs,
 		bind: func(c *Config) any { return &c.AMQP.URL },
 		doc:  "broker URL with vhost (guest/guest if no user is given); `amqps://` for TLS; a cluster: every node's URL, comma-separated"},
-	{name: "amqp.prefetch", def: "64", check: between(1, 65535),
+	{name: "amqp.prefetch", def: "128", check: between(1, 65535),
 		bind: func(c *Config) any { return &c.AMQP.Prefetch },
 		doc:  "unacked messages the broker may send ahead"},
-	{name: "amqp.workers", def: "32", check: between(1, 1000), // each worker holds a publisher channel; RabbitMQ allows 2047 per connection
+	{name: "amqp.workers", def: "64", check: between(1, 1000), // each worker holds a publisher channel; RabbitMQ allows 2047 per connection
 		bind: func(c *Config) any { return &c.AMQP.Workers },
 		doc:  "goroutines handling deliveries (messages in hand at once), 1 to 1000"},
 	{name: "amqp.drainTimeout", def: "30s", check: positive("want a positive duration"),

@@ -399,7 +399,7 @@ func TestConfigSecretsRedacted(t *testing.T) {
 	if len(red) != len(keys) {
 		t.Errorf("the logged configuration has %d keys, want %d", len(red), len(keys))
 	}
-	if red["amqp.prefetch"] != 64 || red["retry.delays"] == nil || red["idempotent.ttl"] != "24h0m0s" ||
+	if red["amqp.prefetch"] != 128 || red["retry.delays"] == nil || red["idempotent.ttl"] != "24h0m0s" ||
 		red["redis.tls"] != false || red["redis.password"] != "" || red["mysql.dsn"] != "root@tcp(127.0.0.1:3306)/paysvc" {
 		t.Errorf("logged configuration: %v", red)
 	}

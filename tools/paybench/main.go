@@ -56,7 +56,7 @@ func main() {
 		mysqlDSN:  env("PAYSVC_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/"),
 		amqpURL:   env("PAYSVC_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		redisAddr: env("PAYSVC_TEST_REDIS_ADDR", "127.0.0.1:6379"),
-		defaults:  consumerConfig{workers: 32, prefetch: 64, maxOpen: 20, groupSize: 16, groupConns: 2}, // config.yaml's defaults
+		defaults:  consumerConfig{workers: 64, prefetch: 128, maxOpen: 20, groupSize: 16, groupConns: 2}, // config.yaml's defaults
 	}
 	flag.IntVar(&o.n, "n", 20000, "payments per paysvc run")
 	flag.IntVar(&o.users, "users", 1000, "accounts")
