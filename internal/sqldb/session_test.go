@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/go-sql-driver/mysql"
 	"strings"
 	"testing"
 	"time"
@@ -195,4 +196,37 @@ func TestOpenRefusesStatementBinlog(t *testing.T) {
 		t.Fatalf("Open with binlog_format=ROW: %v", err)
 	}
 	db.Close()
+}
+
+// endedCtx has ended (Err) but its Done channel is not closed yet: the
+// moment inside a cancel when the driver may already have returned the
+// context's error and the AfterFunc that kills has not been started.
+type endedCtx struct{ context.Context }
+
+func (endedCtx) Err() error { return context.DeadlineExceeded }
+
+// A statement disarms its kill when it returns. If its context has ended
+// by then, the kill runs even though the context has not started it yet:
+// stopping it there left the statement running on the server.
+func TestDisarmAfterTheContextEndedStillKills(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, cancel := context.WithCancel(context.Background()) // Done open, never closed here
+	defer cancel()
+	id, err := sqldb.ArmAndDisarm(endedCtx{live}, connector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		var n int
+		return db.Get(&n, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?", id) == nil && n == 0
+	}, "the connection whose context ended before its kill started was not killed")
 }

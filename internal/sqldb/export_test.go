@@ -1,0 +1,19 @@
+package sqldb
+
+import (
+	"context"
+	"database/sql/driver"
+)
+
+// ArmAndDisarm opens a connection through the killing connector, arms its
+// kill for ctx and disarms it at once, as a statement that returned does;
+// it returns the connection's id on the server (the connection stays open).
+func ArmAndDisarm(ctx context.Context, c driver.Connector) (uint64, error) {
+	conn, err := killingConnector{c}.Connect(context.Background())
+	if err != nil {
+		return 0, err
+	}
+	kc := conn.(*killingConn)
+	kc.watch(ctx)()
+	return kc.id, nil
+}
