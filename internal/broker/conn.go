@@ -49,19 +49,39 @@ func Dial(urls, name string, tlsCfg *tls.Config) (*amqp.Connection, error) {
 	return nil, fmt.Errorf("amqp dial: %w", errors.Join(errs...))
 }
 
+// dialTimeout bounds a dial: the TCP connect, then the TLS and AMQP
+// handshakes together.
+const dialTimeout = 5 * time.Second
+
 func dialOne(url, name string, tlsCfg *tls.Config) (*amqp.Connection, error) {
 	if tlsCfg != nil {
 		// amqp091 writes ServerName into the config it is given: every dial
 		// gets its own copy, or concurrent dials race.
 		tlsCfg = tlsCfg.Clone()
 	}
-	return amqp.DialConfig(url, amqp.Config{
+	started := time.Now()
+	conn, err := amqp.DialConfig(url, amqp.Config{
 		Heartbeat:       10 * time.Second,
 		Locale:          "en_US",
 		Properties:      amqp.Table{"connection_name": name},
 		TLSClientConfig: tlsCfg,
-		Dial:            amqp.DefaultDial(5 * time.Second),
+		Dial:            amqp.DefaultDial(dialTimeout),
 	})
+	if LoginRefused(err) && time.Since(started) >= dialTimeout {
+		// amqp091 reports a handshake that ran out of time after start-ok
+		// as a refused login; it was a silent network or broker.
+		return nil, fmt.Errorf("amqp handshake: no answer within %s", dialTimeout)
+	}
+	return conn, err
+}
+
+// LoginRefused reports a dial that the broker ended during login or while
+// opening the vhost, without saying why: wrong credentials or vhost
+// permissions, most likely, but amqp091 reports a connection cut in the
+// middle of the handshake the same way. A caller that stops on it should
+// see it more than once first.
+func LoginRefused(err error) bool {
+	return errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrVhost)
 }
 
 // DialingPublisher is a Publisher that owns its connection: it dials on

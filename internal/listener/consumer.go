@@ -154,7 +154,17 @@ func refused(err error) bool {
 
 // fatalError is a problem reconnecting cannot fix (a topology mismatch, a
 // refused login); at start-up it stops paysvc, later it is logged and retried.
-type fatalError struct{ err error }
+// An ambiguous one (a login the broker ended without a word, which a cut
+// connection looks like too) stops paysvc only when every one of the first
+// loginAttempts sessions ends with it.
+type fatalError struct {
+	err       error
+	ambiguous bool
+}
+
+// loginAttempts: how many sessions in a row must end with an ambiguous
+// refused login before start-up gives up on it.
+const loginAttempts = 3
 
 func (e *fatalError) Error() string { return e.err.Error() }
 func (e *fatalError) Unwrap() error { return e.err }
@@ -163,10 +173,11 @@ func (e *fatalError) Unwrap() error { return e.err }
 // returns nil. Lost connections to the broker, Redis or MySQL pause and
 // reconnect with capped backoff; Run never gives up on them. It returns an
 // error only when the first session fails for a reason reconnecting cannot
-// fix, such as a topology that does not match.
+// fix, such as a topology that does not match, or when each of the first
+// loginAttempts sessions ends with the broker refusing the login.
 func (c *Consumer) Run(ctx context.Context) error {
 	bo := broker.Backoff{Max: c.cfg.MaxBackoff}
-	first := true
+	first, refusals := true, 0
 	for {
 		if err := c.waitDependencies(ctx, &bo); err != nil {
 			return nil // ctx is done
@@ -179,9 +190,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		var fatal *fatalError
 		if first && errors.As(err, &fatal) {
-			return err
+			if !fatal.ambiguous {
+				return err
+			}
+			if refusals++; refusals == loginAttempts {
+				return fmt.Errorf("%w (%d times in a row: check amqp.url's user, password and vhost)", err, refusals)
+			}
+		} else {
+			first = false
 		}
-		first = false
 		c.m.Reconnects.WithLabelValues("consumer").Inc()
 		if time.Since(started) > stableSession {
 			bo.Reset()

@@ -3,6 +3,7 @@ package listener_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -497,6 +498,44 @@ func TestBrokerConnectionLossResumes(t *testing.T) {
 		t.Fatalf("%d flows, balance %s", e.totalFlows(), e.balance(13))
 	}
 	testenv.Eventually(t, 10*time.Second, c.Ready, "not consuming after the reconnect")
+}
+
+// A connection cut in the middle of the login reads, in amqp091, as a
+// refused login. At start-up paysvc tries again instead of stopping: a
+// broker whose network blinked while paysvc started must not stop it.
+func TestLoginCutAtStartUpIsRetried(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	u, err := url.Parse(e.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.NewProxy(t, u.Host)
+	u.Host = p.Addr()
+	var cuts atomic.Int32
+	p.CutWhen(func(b []byte) bool { return testenv.IsAMQPStartOk(b) && cuts.Add(1) <= 2 })
+	c := e.start(e.redisAddr, e.dsn, func(s *setup) { s.URL = u.String() })
+	testenv.Eventually(t, 20*time.Second, c.Ready, "not consuming after two logins were cut")
+	if n := cuts.Load(); n < 3 {
+		t.Fatalf("%d logins seen, want the two cut and one through", n)
+	}
+}
+
+// A wrong password stops start-up, naming the setting, once it has been
+// refused on every try.
+func TestWrongPasswordStopsStartUp(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	u, err := url.Parse(e.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(u.User.Username(), "not-the-password")
+	c := e.start(e.redisAddr, e.dsn, func(s *setup) { s.URL = u.String() })
+	err = c.wait(t)
+	if err == nil || !strings.Contains(err.Error(), "amqp.url") || !strings.Contains(err.Error(), "3 times") {
+		t.Fatalf("Run = %v, want a refused login naming amqp.url, after 3 tries", err)
+	}
 }
 
 // The broker refuses (nacks) the terminal copy: the original must go back to

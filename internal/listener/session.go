@@ -21,8 +21,8 @@ func (c *Consumer) session(ctx context.Context) error {
 	host, _ := os.Hostname()
 	conn, err := broker.Dial(c.cfg.URL, c.cfg.ConnectionName, c.cfg.TLS)
 	if err != nil {
-		if errors.Is(err, amqp.ErrCredentials) {
-			return &fatalError{err}
+		if broker.LoginRefused(err) {
+			return &fatalError{err: err, ambiguous: true}
 		}
 		return err
 	}
@@ -49,7 +49,7 @@ func (c *Consumer) session(ctx context.Context) error {
 	if err := DeclareTopology(setup, Topology{Delays: c.cfg.Retry.Delays,
 		MainQueueType: c.cfg.MainQueueType, DeliveryLimit: c.cfg.DeliveryLimit}); err != nil {
 		if refused(err) {
-			return &fatalError{err}
+			return &fatalError{err: err}
 		}
 		return err
 	}

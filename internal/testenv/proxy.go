@@ -23,6 +23,7 @@ type Proxy struct {
 	conns map[net.Conn]struct{}
 	hole  func(toServer []byte) bool
 	after bool // forward the matching chunk before the black hole
+	cut   bool // close the connection instead of black-holing it
 }
 
 // BlackholeWhen makes the proxy black-hole a connection as soon as a chunk
@@ -33,7 +34,7 @@ type Proxy struct {
 func (p *Proxy) BlackholeWhen(match func(toServer []byte) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.hole, p.after = match, false
+	p.hole, p.after, p.cut = match, false, false
 }
 
 // BlackholeAfter is BlackholeWhen, except that the matching chunk still
@@ -41,7 +42,17 @@ func (p *Proxy) BlackholeWhen(match func(toServer []byte) bool) {
 func (p *Proxy) BlackholeAfter(match func(toServer []byte) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.hole, p.after = match, true
+	p.hole, p.after, p.cut = match, true, false
+}
+
+// CutWhen makes the proxy close a connection, both sides, as soon as a chunk
+// the client sends matches; the chunk is not forwarded. The server sees the
+// client go away and the client sees the server go away, in the middle of
+// whatever the chunk began.
+func (p *Proxy) CutWhen(match func(toServer []byte) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hole, p.after, p.cut = match, false, true
 }
 
 // NewProxy listens on a free loopback port and forwards to target.
@@ -151,9 +162,12 @@ func (p *Proxy) copy(dst, src net.Conn, holed *atomic.Bool, fromClient bool) {
 			forward := true
 			if fromClient {
 				p.mu.Lock()
-				hole, after := p.hole, p.after
+				hole, after, cut := p.hole, p.after, p.cut
 				p.mu.Unlock()
 				if hole != nil && hole(buf[:n]) {
+					if cut {
+						return // pipe closes both sides
+					}
 					holed.Store(true)
 					forward = after
 				}
@@ -181,6 +195,12 @@ func MySQLProxy(t testing.TB, dsn string) (*Proxy, string) {
 	p := NewProxy(t, cfg.Addr)
 	cfg.Addr = p.Addr()
 	return p, cfg.FormatDSN()
+}
+
+// IsAMQPStartOk matches a client chunk that begins with AMQP's
+// connection.start-ok (class 10, method 11): the login.
+func IsAMQPStartOk(toServer []byte) bool {
+	return len(toServer) >= 11 && toServer[0] == 1 && bytes.Equal(toServer[7:11], []byte{0, 10, 0, 11})
 }
 
 // IsCommit matches a client chunk carrying a COMMIT statement (COM_QUERY).
