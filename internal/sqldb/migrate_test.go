@@ -2,6 +2,7 @@ package sqldb_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -50,5 +51,61 @@ func TestLegacyFlowTableGetsUniqueIndexOrRefuses(t *testing.T) {
 	}
 	if err := sqldb.CheckSchema(ctx, db, ms); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Migration 0007 gives t_outbox a fixed-length status and a NOT NULL
+// sent_time, so that marking a notice SENT rewrites its row in place (a
+// change of length made InnoDB move the row and reorganise its page: ten
+// times the redo). Notices from before keep their state and time.
+func TestOutboxMigrationKeepsNoticesAndFixesTheRowLength(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t) // fully migrated
+	ctx := context.Background()
+	ms, err := sqldb.LoadMigrations(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.MustExec(`ALTER TABLE t_outbox MODIFY status VARCHAR(16) NOT NULL DEFAULT 'PENDING', MODIFY sent_time DATETIME(3) NULL`)
+	db.MustExec("DELETE FROM schema_migrations WHERE version = 7")
+	db.MustExec(`INSERT INTO t_outbox (event_type, biz_no, payload, sent_time) VALUES ('payment.succeeded', 'OB1', '{}', NULL)`)
+	db.MustExec(`INSERT INTO t_outbox (event_type, biz_no, payload, status, sent_time)
+		VALUES ('payment.succeeded', 'OB2', '{}', 'SENT', '2026-11-30 10:00:00.250')`)
+	if err := sqldb.CheckSchema(ctx, db, ms); err == nil {
+		t.Fatal("CheckSchema accepted a database without migration 7")
+	}
+	if _, err := sqldb.Migrate(ctx, db, ms); err != nil {
+		t.Fatal(err)
+	}
+	var rows []struct {
+		BizNo  string `db:"biz_no"`
+		Status string `db:"status"`
+		Sent   string `db:"sent"`
+	}
+	if err := db.Select(&rows, `SELECT biz_no, status, DATE_FORMAT(sent_time, '%Y-%m-%d %H:%i:%s.%f') AS sent
+		FROM t_outbox ORDER BY biz_no`); err != nil {
+		t.Fatal(err)
+	}
+	want := "[{OB1 PENDING 1000-01-01 00:00:00.000000} {OB2 SENT 2026-11-30 10:00:00.250000}]"
+	if got := fmt.Sprint(rows); got != want {
+		t.Fatalf("after the migration: %s, want %s", got, want)
+	}
+	var cols []struct {
+		Name     string  `db:"COLUMN_NAME"`
+		Type     string  `db:"COLUMN_TYPE"`
+		Nullable string  `db:"IS_NULLABLE"`
+		Charset  *string `db:"CHARACTER_SET_NAME"`
+	}
+	if err := db.Select(&cols, `SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, CHARACTER_SET_NAME FROM information_schema.COLUMNS
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 't_outbox' AND COLUMN_NAME IN ('status', 'sent_time')
+		ORDER BY COLUMN_NAME`); err != nil {
+		t.Fatal(err)
+	}
+	if len(cols) != 2 || cols[0].Type != "datetime(3)" || cols[0].Nullable != "NO" ||
+		cols[1].Type != "char(7)" || cols[1].Nullable != "NO" || cols[1].Charset == nil || *cols[1].Charset != "ascii" {
+		t.Fatalf("t_outbox columns %+v: a SENT mark would change the row's length", cols)
+	}
+	if _, err := db.Exec(`INSERT INTO t_outbox (event_type, biz_no, payload, status) VALUES ('payment.succeeded', 'OB3', '{}', 'BOGUS')`); err == nil {
+		t.Fatal("a status outside PENDING and SENT was accepted")
 	}
 }

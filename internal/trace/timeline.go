@@ -73,7 +73,8 @@ func Timeline(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error)
 		Created  time.Time  `db:"create_time"`
 		Sent     *time.Time `db:"sent_time"`
 	}
-	if err := db.SelectContext(ctx, &notices, `SELECT status, attempts, last_error, create_time, sent_time
+	if err := db.SelectContext(ctx, &notices, `SELECT status, attempts, last_error, create_time,
+		CASE WHEN status = 'SENT' THEN sent_time END AS sent_time
 		FROM t_outbox WHERE biz_no = ?`, orderNo); err != nil {
 		return nil, err
 	}
