@@ -93,6 +93,8 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"dlq", "show", "X1", "--output=yaml"}, `dlq show: invalid value "yaml" for flag -output: want table or json`, "dlq show ORDER_NO"},
 		{[]string{"dlq", "list", "--order", "A", "--order", "B"}, "dlq list: one --order at most", "dlq list [--order"},
 		{[]string{"dlq", "list", "--since", "yesterday"}, "dlq list: --since: want a time", "dlq list [--order"},
+		{[]string{"dlq", "list", "--status", "PARKED"}, `dlq list: --status "PARKED": want NEW, REPLAYED or DISCARDED`, "dlq list [--order"},
+		{[]string{"dlq", "list", "--limit", "0"}, "dlq list: --limit 0: want 1 or more", "dlq list [--order"},
 		{[]string{"dlq", "list", "X1"}, `dlq list: unexpected arguments ["X1"]`, "dlq list [--order"},
 		{[]string{"dlq", "show"}, "dlq show: want ORDER_NO, --order ORDER_NO or --id N", "dlq show ORDER_NO"},
 		{[]string{"dlq", "show", "--id", "abc"}, `dlq show: invalid value "abc" for flag -id: want a number`, "dlq show ORDER_NO"},

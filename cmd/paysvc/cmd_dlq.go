@@ -115,6 +115,14 @@ func dlqList(fs *flag.FlagSet) runFunc {
 		if len(orders) > 1 {
 			return c.usageError("dlq list: one --order at most")
 		}
+		switch f.Status {
+		case "", deadletter.New, deadletter.Replayed, deadletter.Discarded:
+		default:
+			return c.usageError("dlq list: --status %q: want NEW, REPLAYED or DISCARDED", *status)
+		}
+		if *limit < 1 {
+			return c.usageError("dlq list: --limit %d: want 1 or more", *limit)
+		}
 		if len(orders) == 1 {
 			f.OrderNo = orders[0]
 		}

@@ -34,6 +34,16 @@ type scenario struct {
 	latePark bool
 }
 
+// hasHandled reports whether instance i has logged a handled message.
+func (w *world) hasHandled(i int) bool {
+	for _, e := range w.entries() {
+		if e["instance"] == float64(i) && e.str("msg") == "message handled" {
+			return true
+		}
+	}
+	return false
+}
+
 func at(ctx context.Context, d time.Duration) bool {
 	select {
 	case <-ctx.Done():
@@ -128,8 +138,16 @@ var scenarios = []scenario{
 		verify: all(killed, atLeast(1, "redelivered copies found already paid", func(e entry) bool { return redelivered(e) && e.str("result") == "DUPLICATE" }))},
 	{name: "sigstop-sigcont", faults: "SIGSTOP an instance 5s (longer than its lease), SIGCONT",
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
-			if !at(ctx, 200*time.Millisecond) {
-				return 0, nil
+			// Stopped before it consumes, the instance would hold nothing
+			// and the others would do all the work: on a loaded machine it
+			// starts late, so wait until it is working.
+			for deadline := time.Now().Add(15 * time.Second); !w.hasHandled(1); {
+				if time.Now().After(deadline) {
+					return 0, fmt.Errorf("instance 2 handled nothing within 15s")
+				}
+				if !at(ctx, 50*time.Millisecond) {
+					return 0, nil
+				}
 			}
 			w.signal(1, syscall.SIGSTOP)
 			at(ctx, 5*time.Second)
