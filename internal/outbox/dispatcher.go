@@ -306,7 +306,10 @@ func (d *Dispatcher) publish(ctx context.Context, pub *broker.Publisher, rows []
 			Body:         r.Payload,
 		}
 	}
-	errs := pub.PublishBatch(ctx, Exchange, RoutingKey, msgs)
+	// A batch under way finishes even when ctx ends (the publisher's
+	// timeout bounds it): cut short, the notices the broker had already
+	// taken would be rescheduled and sent again.
+	errs := pub.PublishBatch(context.WithoutCancel(ctx), Exchange, RoutingKey, msgs)
 	var sent, failed []notice
 	var firstErr error
 	for i, r := range rows {
