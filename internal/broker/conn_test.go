@@ -10,23 +10,11 @@ import (
 	"github.com/paysvc/paysvc/internal/testenv"
 )
 
-// proxied returns amqpURL pointed at a proxy in front of its broker.
-func proxied(t *testing.T, amqpURL string) (*testenv.Proxy, string) {
-	t.Helper()
-	u, err := url.Parse(amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := testenv.NewProxy(t, u.Host)
-	u.Host = p.Addr()
-	return p, u.String()
-}
-
 // A broker that goes silent after the client's login is a network or
 // broker problem, not a refused login, although amqp091 reports it as one.
 func TestSilentHandshakeIsNotARefusedLogin(t *testing.T) {
 	t.Parallel()
-	p, u := proxied(t, testenv.AMQP(t))
+	p, u := testenv.AMQPProxy(t, testenv.AMQP(t))
 	p.BlackholeWhen(testenv.IsAMQPStartOk)
 	started := time.Now()
 	conn, err := broker.Dial(u, t.Name(), nil)
@@ -47,7 +35,7 @@ func TestSilentHandshakeIsNotARefusedLogin(t *testing.T) {
 func TestRefusedLogin(t *testing.T) {
 	t.Parallel()
 	good := testenv.AMQP(t)
-	p, u := proxied(t, good)
+	p, u := testenv.AMQPProxy(t, good)
 	p.CutWhen(testenv.IsAMQPStartOk)
 	if _, err := broker.Dial(u, t.Name(), nil); !broker.LoginRefused(err) {
 		t.Fatalf("Dial through a cut = %v, want a refused login", err)

@@ -506,15 +506,10 @@ func TestBrokerConnectionLossResumes(t *testing.T) {
 func TestLoginCutAtStartUpIsRetried(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	u, err := url.Parse(e.amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := testenv.NewProxy(t, u.Host)
-	u.Host = p.Addr()
+	p, proxied := testenv.AMQPProxy(t, e.amqpURL)
 	var cuts atomic.Int32
 	p.CutWhen(func(b []byte) bool { return testenv.IsAMQPStartOk(b) && cuts.Add(1) <= 2 })
-	c := e.start(e.redisAddr, e.dsn, func(s *setup) { s.URL = u.String() })
+	c := e.start(e.redisAddr, e.dsn, func(s *setup) { s.URL = proxied })
 	testenv.Eventually(t, 20*time.Second, c.Ready, "not consuming after two logins were cut")
 	if n := cuts.Load(); n < 3 {
 		t.Fatalf("%d logins seen, want the two cut and one through", n)

@@ -11,11 +11,17 @@ import (
 	"github.com/paysvc/paysvc/migrations"
 )
 
-func TestStatementsAndVersions(t *testing.T) {
+func loadMigrations(t *testing.T) []sqldb.Migration {
+	t.Helper()
 	ms, err := sqldb.LoadMigrations(migrations.FS)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ms
+}
+
+func TestStatementsAndVersions(t *testing.T) {
+	ms := loadMigrations(t)
 	for i, m := range ms {
 		if m.Version != i+1 {
 			t.Fatalf("migration %d is %s: versions must run 1, 2, 3 ...", i, m.Name)
@@ -28,11 +34,7 @@ func TestStatementsAndVersions(t *testing.T) {
 func TestLegacyFlowTableGetsUniqueIndexOrRefuses(t *testing.T) {
 	t.Parallel()
 	_, db := testenv.MySQL(t) // fully migrated
-	ctx := context.Background()
-	ms, err := sqldb.LoadMigrations(migrations.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, ms := context.Background(), loadMigrations(t)
 	db.MustExec("ALTER TABLE t_account_flow DROP INDEX uk_biz_no_type")
 	db.MustExec("DELETE FROM schema_migrations WHERE version = 3")
 	db.MustExec(`INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES
@@ -40,7 +42,7 @@ func TestLegacyFlowTableGetsUniqueIndexOrRefuses(t *testing.T) {
 	if err := sqldb.CheckSchema(ctx, db, ms); err == nil {
 		t.Fatal("CheckSchema accepted a flow table without the unique index")
 	}
-	_, err = sqldb.Migrate(ctx, db, ms)
+	_, err := sqldb.Migrate(ctx, db, ms)
 	if err == nil || !strings.Contains(err.Error(), "paysvc reconcile") || !strings.Contains(err.Error(), "1 (biz_no, type) pairs") {
 		t.Fatalf("migrate with duplicates: %v, want a refusal pointing to reconcile", err)
 	}
@@ -61,11 +63,7 @@ func TestLegacyFlowTableGetsUniqueIndexOrRefuses(t *testing.T) {
 func TestOutboxMigrationKeepsNoticesAndFixesTheRowLength(t *testing.T) {
 	t.Parallel()
 	_, db := testenv.MySQL(t) // fully migrated
-	ctx := context.Background()
-	ms, err := sqldb.LoadMigrations(migrations.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, ms := context.Background(), loadMigrations(t)
 	db.MustExec(`ALTER TABLE t_outbox MODIFY status VARCHAR(16) NOT NULL DEFAULT 'PENDING', MODIFY sent_time DATETIME(3) NULL`)
 	db.MustExec("DELETE FROM schema_migrations WHERE version = 7")
 	db.MustExec(`INSERT INTO t_outbox (event_type, biz_no, payload, sent_time) VALUES ('payment.succeeded', 'OB1', '{}', NULL)`)

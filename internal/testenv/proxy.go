@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"net"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -195,6 +196,19 @@ func MySQLProxy(t testing.TB, dsn string) (*Proxy, string) {
 	p := NewProxy(t, cfg.Addr)
 	cfg.Addr = p.Addr()
 	return p, cfg.FormatDSN()
+}
+
+// AMQPProxy puts a Proxy before the broker of amqpURL and returns it with
+// the same URL pointed at it.
+func AMQPProxy(t testing.TB, amqpURL string) (*Proxy, string) {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := NewProxy(t, u.Host)
+	u.Host = p.Addr()
+	return p, u.String()
 }
 
 // IsAMQPStartOk matches a client chunk that begins with AMQP's
