@@ -467,3 +467,34 @@ func TestSecretsNeverLogged(t *testing.T) {
 		t.Fatal("the logged configuration does not show redacted passwords")
 	}
 }
+
+// The daemon schedules its goroutines on one CPU unless GOMAXPROCS says
+// otherwise (limitProcs), and says so in its log.
+func TestDaemonRunsOnOneCPUUnlessGOMAXPROCSSaysOtherwise(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	for _, c := range []struct {
+		env  []string
+		want float64
+	}{{nil, 1}, {[]string{"GOMAXPROCS=3"}, 3}} {
+		p := w.start(w.env(append([]string{"PAYSVC_LOG_FORMAT=json"}, c.env...)...), "run")
+		var got float64
+		testenv.Eventually(t, 20*time.Second, func() bool {
+			for _, line := range strings.Split(p.out.String(), "\n") {
+				var e struct{ GOMAXPROCS *float64 }
+				if json.Unmarshal([]byte(line), &e) == nil && e.GOMAXPROCS != nil {
+					got = *e.GOMAXPROCS
+					return true
+				}
+			}
+			return false
+		}, "no gomaxprocs in the start-up log")
+		if got != c.want {
+			t.Errorf("env %v: gomaxprocs %v, want %v", c.env, got, c.want)
+		}
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		if err := p.wait(t, 30*time.Second); err != nil {
+			t.Errorf("env %v: exit: %v", c.env, err)
+		}
+	}
+}

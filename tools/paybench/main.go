@@ -12,6 +12,10 @@
 //   - hot accounts: every payment on 10 users;
 //   - open loop at half the measured peak: latency from publish to payment.
 //
+// -only pairs (never part of a default run) compares a setting's latency
+// at half the peak in paired open loops, the only comparison this machine's
+// weather allows.
+//
 // Usage: paybench [-n 20000] [-dup 0.1] [-users 1000] (make bench)
 package main
 
@@ -62,7 +66,8 @@ func main() {
 	flag.IntVar(&o.users, "users", 1000, "accounts")
 	flag.IntVar(&o.hotUsers, "hot-users", 10, "accounts in the hot-account run")
 	flag.Float64Var(&o.dup, "dup", 0.1, "share of payments published twice")
-	only := flag.String("only", "", "comma-separated phases: compare,ceilings,grouped,default,article,hot,open")
+	only := flag.String("only", "", "comma-separated phases: compare,ceilings,grouped,default,article,hot,open; "+
+		"and pairs (only when named: paired open loops, -paysvc-env's settings against -pair-env's)")
 	flag.StringVar(&o.paysvcBinary, "paysvc", "bin/paysvc", "the paysvc binary the compare phase runs")
 	flag.Func("paysvc-env", "KEY=VALUE for the compare phase's daemon, e.g. PAYSVC_MYSQL_GROUPSIZE=32 (repeatable; the targets are on the defaults)",
 		func(s string) error {
@@ -70,6 +75,17 @@ func main() {
 				return fmt.Errorf("want PAYSVC_KEY=VALUE, got %q", s)
 			}
 			o.paysvcEnv = append(o.paysvcEnv, s)
+			return nil
+		})
+	var pairEnv []string
+	pairBinary := flag.String("pair-paysvc", "", "the paysvc binary of side B of -only pairs (default: -paysvc's)")
+	flag.Func("pair-env", "KEY=VALUE added for side B of -only pairs (repeatable): PAYSVC_* settings, or GOMAXPROCS, GOGC, GOMEMLIMIT, GODEBUG",
+		func(s string) error {
+			k, _, ok := strings.Cut(s, "=")
+			if !ok || !strings.HasPrefix(k, "PAYSVC_") && !slices.Contains([]string{"GOMAXPROCS", "GOGC", "GOMEMLIMIT", "GODEBUG"}, k) {
+				return fmt.Errorf("want PAYSVC_KEY=VALUE or a Go runtime variable, got %q", s)
+			}
+			pairEnv = append(pairEnv, s)
 			return nil
 		})
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the default run here")
@@ -99,6 +115,11 @@ func main() {
 		os.Exit(1)
 	}
 
+	if strings.Contains(","+*only+",", ",pairs,") {
+		if err := pairs(ctx, o, *rounds, pairEnv, *pairBinary); err != nil {
+			fail(err)
+		}
+	}
 	if want("compare") {
 		if err := compare(ctx, o, *rounds, row); err != nil {
 			fail(err)
