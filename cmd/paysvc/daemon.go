@@ -172,15 +172,17 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 }
 
 // limitProcs runs the daemon's goroutines on one CPU (GOMAXPROCS 1) unless
-// the GOMAXPROCS environment variable is set, and returns the number in
-// use and whether the environment set it. paysvc waits on MySQL, Redis and RabbitMQ far more than it computes:
-// one CPU carried 3,500-4,600 messages a second in make bench, and
-// spent about a quarter less CPU per payment than two, which the Go
-// scheduler spends looking for work and handing it between threads; on a
-// host it shares with its database and broker, the CPU it does not take is
-// theirs (paired open loops at half the peak: a lower p99 in 17 of 23
-// pairs, docs/benchmarks.md). It is what the Kubernetes manifest's CPU
-// limit of 1 gives anyway. More: run more replicas, or set GOMAXPROCS.
+// the GOMAXPROCS environment variable is set, and returns the number in use
+// and whether the environment set it.
+//
+// paysvc waits on MySQL, Redis and RabbitMQ far more than it computes: one
+// CPU carried 3,500-4,600 messages a second in make bench at about a
+// quarter less CPU per payment than two, which the Go scheduler spends
+// looking for work and handing it between threads; on a host it shares
+// with its database and broker, the CPU it does not take is theirs (paired
+// open loops at half the peak: a lower p99 in 17 of 23 pairs,
+// docs/benchmarks.md). It is what the Kubernetes manifest's CPU limit of 1
+// gives anyway. For more: run more replicas, or set GOMAXPROCS.
 func limitProcs() (procs int, fromEnv bool) {
 	fromEnv = os.Getenv("GOMAXPROCS") != ""
 	if !fromEnv {

@@ -26,28 +26,25 @@ func pairs(ctx context.Context, o *options, rounds int, pairEnv []string, pairBi
 	var wins int
 	var p99a, p99b []string
 	for i := 1; i <= rounds; i++ {
+		o.paysvcEnv, o.paysvcBinary = a, binA // the peak is A's
 		peak, err := measureDaemon(ctx, o, o.n, 0, a...)
 		if err != nil {
 			return err
 		}
 		rate := peak.rate / 2
 		var la, lb latencies
-		for k, side := range []string{"A", "B"} {
-			if i%2 == 0 {
-				side = []string{"B", "A"}[k]
-			}
-			o.paysvcEnv, o.paysvcBinary = a, binA
-			if side == "B" {
-				o.paysvcEnv, o.paysvcBinary = b, binB
-			}
-			lat, err := openLoop(ctx, o, rate, 10*time.Second, true)
-			if err != nil {
+		sides := []struct {
+			env []string
+			bin string
+			lat *latencies
+		}{{a, binA, &la}, {b, binB, &lb}}
+		if i%2 == 0 {
+			sides[0], sides[1] = sides[1], sides[0]
+		}
+		for _, s := range sides {
+			o.paysvcEnv, o.paysvcBinary = s.env, s.bin
+			if *s.lat, err = openLoop(ctx, o, rate, 10*time.Second, true); err != nil {
 				return err
-			}
-			if side == "A" {
-				la = lat
-			} else {
-				lb = lat
 			}
 		}
 		if lb.p99 < la.p99 {
