@@ -60,13 +60,17 @@ func dialOne(url, name string, tlsCfg *tls.Config) (*amqp.Connection, error) {
 		tlsCfg = tlsCfg.Clone()
 	}
 	started := time.Now()
+	var tcp *corkConn
 	conn, err := amqp.DialConfig(url, amqp.Config{
 		Heartbeat:       10 * time.Second,
 		Locale:          "en_US",
 		Properties:      amqp.Table{"connection_name": name},
 		TLSClientConfig: tlsCfg,
-		Dial:            amqp.DefaultDial(dialTimeout),
+		Dial:            corkingDial(dialTimeout, &tcp),
 	})
+	if err == nil {
+		register(conn, tcp)
+	}
 	if LoginRefused(err) && time.Since(started) >= dialTimeout {
 		// amqp091 reports a handshake that ran out of time after start-ok
 		// as a refused login; it was a silent network or broker.
