@@ -60,17 +60,13 @@ func dialOne(url, name string, tlsCfg *tls.Config) (*amqp.Connection, error) {
 		tlsCfg = tlsCfg.Clone()
 	}
 	started := time.Now()
-	var tcp *corkConn
 	conn, err := amqp.DialConfig(url, amqp.Config{
 		Heartbeat:       10 * time.Second,
 		Locale:          "en_US",
 		Properties:      amqp.Table{"connection_name": name},
 		TLSClientConfig: tlsCfg,
-		Dial:            corkingDial(dialTimeout, &tcp),
+		Dial:            amqp.DefaultDial(dialTimeout),
 	})
-	if err == nil {
-		register(conn, tcp)
-	}
 	if LoginRefused(err) && time.Since(started) >= dialTimeout {
 		// amqp091 reports a handshake that ran out of time after start-ok
 		// as a refused login; it was a silent network or broker.

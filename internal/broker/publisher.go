@@ -73,11 +73,10 @@ const MaxBatch = 256
 
 // PublishBatch sends msgs to exchange with routing key key, mandatory, and
 // then waits once for all their confirms (within the publisher's timeout).
-// The batch leaves in one write. errs[i] is nil only when msgs[i] was
-// confirmed: a batch whose publishing stops half way fails whole (some of
-// it may be stored, and is sent again by the caller: at least once). Each
-// message must have its own MessageId: a returned (unroutable) message is
-// told by it.
+// errs[i] is nil only when msgs[i] was confirmed: a batch whose publishing
+// stops half way fails whole (some of it may be stored, and is sent again
+// by the caller: at least once). Each message must have its own MessageId:
+// a returned (unroutable) message is told by it.
 func (p *Publisher) PublishBatch(ctx context.Context, exchange, key string, msgs []amqp.Publishing) (errs []error) {
 	errs = make([]error, len(msgs))
 	fail := func(from int, err error) []error {
@@ -99,30 +98,16 @@ func (p *Publisher) PublishBatch(ctx context.Context, exchange, key string, msgs
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	// The batch leaves in one write (corkConn), not one per message.
-	tcp := corkOf(p.conn)
-	if tcp != nil {
-		tcp.cork()
-	}
 	confs := make([]*amqp.DeferredConfirmation, len(msgs))
 	for i, msg := range msgs {
 		conf, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
 		if err != nil {
-			if tcp != nil {
-				tcp.uncork()
-			}
 			p.reset()
 			// None of the batch is known to be stored: the earlier ones
 			// were never confirmed.
 			return fail(0, fmt.Errorf("publish to %s/%s: %w", exchange, key, err))
 		}
 		confs[i] = conf
-	}
-	if tcp != nil {
-		if err := tcp.uncork(); err != nil {
-			p.reset()
-			return fail(0, fmt.Errorf("publish to %s/%s: %w", exchange, key, err))
-		}
 	}
 	for i, conf := range confs {
 		acked, err := conf.WaitContext(ctx)
