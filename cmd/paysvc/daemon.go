@@ -32,9 +32,8 @@ import (
 // alerter, monitor, scheduled reconciliation → admin HTTP, and runs until ctx
 // ends. The consumer decides the exit: its drain comes first.
 func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
-	procs, fromEnv := limitProcs()
 	log.Info("goroutines run on gomaxprocs CPUs (1 unless the GOMAXPROCS environment variable is set)",
-		zap.Int("gomaxprocs", procs), zap.Bool("from_env", fromEnv))
+		zap.Int("gomaxprocs", runtime.GOMAXPROCS(0)), zap.Bool("from_env", os.Getenv("GOMAXPROCS") != ""))
 	// The health listener comes first, before any dependency: /healthz says
 	// the process works while it waits for MySQL (a liveness or startup
 	// probe must not kill a pod for an outage), /readyz says whether it
@@ -171,9 +170,10 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	return err
 }
 
-// limitProcs runs the daemon's goroutines on one CPU (GOMAXPROCS 1) unless
-// the GOMAXPROCS environment variable is set, and returns the number in use
-// and whether the environment set it.
+// limitProcs runs the process's goroutines on one CPU (GOMAXPROCS 1)
+// unless the GOMAXPROCS environment variable is set. main calls it for
+// paysvc run: a process-wide setting, so never from daemon, which tests
+// also run inside their own process.
 //
 // paysvc waits on MySQL, Redis and RabbitMQ far more than it computes: one
 // CPU carried 3,500-4,600 messages a second in make bench at about a
@@ -183,12 +183,10 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 // open loops at half the peak: a lower p99 in 17 of 23 pairs,
 // docs/benchmarks.md). It is what the Kubernetes manifest's CPU limit of 1
 // gives anyway. For more: run more replicas, or set GOMAXPROCS.
-func limitProcs() (procs int, fromEnv bool) {
-	fromEnv = os.Getenv("GOMAXPROCS") != ""
-	if !fromEnv {
+func limitProcs() {
+	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(1)
 	}
-	return runtime.GOMAXPROCS(0), fromEnv
 }
 
 // The daemon's fixed shapes and bounds, which no setting changes.

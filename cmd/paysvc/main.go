@@ -30,6 +30,9 @@ var version = "dev"
 var revision = ""
 
 func main() {
+	if c, err := parseCommand(os.Args[1:]); err == nil && c.spec != nil && c.spec.name == "run" {
+		limitProcs()
+	}
 	if err := run(context.Background(), os.Args[1:], os.Environ(), os.Stdout); err != nil {
 		var exit *exitError
 		isExit := errors.As(err, &exit)
