@@ -73,9 +73,9 @@ const MaxBatch = 256
 
 // PublishBatch sends msgs to exchange with routing key key, mandatory, and
 // then waits once for all their confirms (within the publisher's timeout).
-// errs[i] is nil only when msgs[i] was confirmed: a batch whose publishing
-// stops half way fails whole (some of it may be stored, and is sent again
-// by the caller: at least once). Each message must have its own MessageId:
+// errs[i] is nil only when msgs[i] was confirmed and not returned: a batch
+// whose publishing or confirm wait stops half way fails whole (some of it
+// may be stored, and is sent again by the caller: at least once). Each message must have its own MessageId:
 // a returned (unroutable) message is told by it.
 func (p *Publisher) PublishBatch(ctx context.Context, exchange, key string, msgs []amqp.Publishing) (errs []error) {
 	errs = make([]error, len(msgs))
@@ -113,8 +113,11 @@ func (p *Publisher) PublishBatch(ctx context.Context, exchange, key string, msgs
 		acked, err := conf.WaitContext(ctx)
 		switch {
 		case err != nil:
+			// The whole batch fails, not only the unconfirmed rest: an
+			// earlier message may have been returned unroutable (its
+			// return came before its ack), and reset drops that return.
 			p.reset()
-			return fail(i, fmt.Errorf("publish to %s/%s: confirm: %w", exchange, key, err))
+			return fail(0, fmt.Errorf("publish to %s/%s: confirm: %w", exchange, key, err))
 		case !acked:
 			errs[i] = fmt.Errorf("publish to %s/%s: nacked by the broker", exchange, key)
 		}
