@@ -98,14 +98,16 @@ func (p *Parker) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	deliveries := merge(ctx, terminal, overflow)
+	mctx, stop := context.WithCancel(ctx)
+	defer stop() // merge's goroutines end with the session
+	deliveries := merge(mctx, terminal, overflow)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil // unacked messages return to the queue as the channel closes
 		case d, ok := <-deliveries:
 			if !ok {
-				return fmt.Errorf("terminal deliveries closed")
+				return fmt.Errorf("terminal deliveries closed (the channel ended, or the broker cancelled a consumer)")
 			}
 			parked := parkedFrom(d, time.Now())
 			id, becameNew, err := p.park(ctx, parked)
@@ -292,17 +294,37 @@ func declareTerminal(ch *amqp.Channel, limit int) error {
 	return nil
 }
 
-// merge delivers what a and b deliver, until both are closed or ctx ends.
+// merge delivers what a and b deliver. It closes its channel as soon as
+// either is closed (the channel ended, or the broker cancelled that
+// consumer: a deleted queue) or ctx ends, so that the session ends and the
+// next one declares and consumes both queues again, instead of going on
+// with one. A delivery taken but not handed on is unacked: it goes back to
+// its queue as the channel closes.
 func merge(ctx context.Context, a, b <-chan amqp.Delivery) <-chan amqp.Delivery {
 	out := make(chan amqp.Delivery)
+	stop := make(chan struct{})
+	var once sync.Once
 	var wg sync.WaitGroup
 	for _, in := range []<-chan amqp.Delivery{a, b} {
 		wg.Go(func() {
-			for d := range in {
+			defer once.Do(func() { close(stop) })
+			for {
 				select {
-				case out <- d:
+				case d, ok := <-in:
+					if !ok {
+						return
+					}
+					select {
+					case out <- d:
+					case <-stop:
+						return
+					case <-ctx.Done():
+						return
+					}
+				case <-stop:
+					return
 				case <-ctx.Done():
-					return // unacked: back to its queue as the channel closes
+					return
 				}
 			}
 		})

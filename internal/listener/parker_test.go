@@ -170,3 +170,40 @@ func TestParkerWithBlackholedMySQL(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return testenv.Depth(t, e.amqpURL, listener.TerminalQueue) == 1 },
 		"the message that could not be parked is not back in the terminal queue")
 }
+
+// The broker cancels one of the parker's consumers (its queue, the
+// overflow queue, was deleted, then declared again): the parker starts a
+// new session and parks what arrives there, instead of going on with its
+// other consumer alone and leaving that queue unread until a restart.
+func TestParkerConsumesAgainAfterTheBrokerCancelsAConsumer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.startParker(deadletter.NewStore(e.db), 0)
+	ch := e.channel()
+	defer ch.Close()
+	consumers := func() int {
+		ch := e.channel()
+		defer ch.Close()
+		q, err := ch.QueueDeclarePassive(listener.OverflowQueue, true, false, false, false, nil)
+		if err != nil {
+			return -1
+		}
+		return q.Consumers
+	}
+	testenv.Eventually(t, 15*time.Second, func() bool { return consumers() == 1 }, "the parker never consumed the overflow queue")
+	if _, err := ch.QueueDelete(listener.OverflowQueue, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	e.declare()
+	err := ch.PublishWithContext(context.Background(), "", listener.OverflowQueue, true, false, amqp.Publishing{
+		DeliveryMode: amqp.Persistent,
+		Headers:      amqp.Table{listener.HeaderErrorClass: "mismatch", listener.HeaderRoutedTo: listener.TerminalQueue},
+		Body:         []byte(`{"orderNo":"CANCEL1","userId":1,"amount":"1.00"}`),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(e.deadLetters("order_no = 'CANCEL1'")) == 1 },
+		"the message sent after the cancel was never parked")
+}
