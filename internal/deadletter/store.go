@@ -360,9 +360,47 @@ func allDigits(s string) bool {
 	return true
 }
 
-// MarkReplayed records a confirmed replay: status REPLAYED and an audit event.
-func (s *Store) MarkReplayed(ctx context.Context, id int64, operator, reason, result string) error {
-	return s.transition(ctx, id, Replayed, []Status{New, Discarded}, EventReplayed, operator, reason, result)
+// ErrChanged: the dead letter is not as the caller read it any more
+// (another operator discarded or replayed it, or it was parked again).
+var ErrChanged = errors.New("changed since it was read")
+
+// Replay publishes d's copy with publish and marks d REPLAYED, with an
+// audit event, in one transaction that holds the row from its check to its
+// mark. The row must still be as d has it (the same status, NEW or
+// DISCARDED, and the same parked count): otherwise nothing is published
+// and the error wraps ErrChanged (or ErrWrongStatus). Holding the row
+// orders a re-parking of the published copy after the mark: the copy finds
+// the row REPLAYED and makes it NEW again, with its alert, and never the
+// other way round. If the mark is not committed after a publish, the copy
+// is on its way and the row keeps its status: replayed again, the copy is
+// answered as a duplicate.
+func (s *Store) Replay(ctx context.Context, d DeadLetter, operator, reason, result string, publish func(context.Context) error) error {
+	return sqldb.InTx(ctx, s.db, func(tx *sqldb.Tx) error {
+		var row struct {
+			Status      Status `db:"status"`
+			ParkedCount int    `db:"parked_count"`
+		}
+		err := tx.GetContext(ctx, &row, "SELECT status, parked_count FROM t_dead_letter WHERE id = ? FOR UPDATE", d.ID)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return fmt.Errorf("dead letter %d: %w", d.ID, ErrNotFound)
+		case err != nil:
+			return err
+		case row.Status != New && row.Status != Discarded:
+			return fmt.Errorf("dead letter %d is %s: %w", d.ID, row.Status, ErrWrongStatus)
+		case row.Status != d.Status || row.ParkedCount != d.ParkedCount:
+			return fmt.Errorf("dead letter %d: %w (read %s, parked %d times; now %s, parked %d times)",
+				d.ID, ErrChanged, d.Status, d.ParkedCount, row.Status, row.ParkedCount)
+		}
+		if err := publish(ctx); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE t_dead_letter SET status = ?, updated_by = ?, reason = ? WHERE id = ?",
+			Replayed, operator, reason, d.ID); err != nil {
+			return err
+		}
+		return addEvent(ctx, tx, d.ID, EventReplayed, operator, reason, result, "", 0)
+	})
 }
 
 // MarkDiscarded discards a NEW dead letter, with an audit event.

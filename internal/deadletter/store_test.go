@@ -47,7 +47,11 @@ func TestParkReplayPark(t *testing.T) {
 	if err := s.MarkAlerted(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.MarkReplayed(ctx, id, "alice", "topped up", "published"); err != nil {
+	read, _, err := s.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Replay(ctx, read, "alice", "topped up", "published", func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.MarkDiscarded(ctx, id, "bob", "x"); err == nil {
@@ -234,5 +238,113 @@ func TestMigrationMovesLegacyRows(t *testing.T) {
 	db.Get(&legacy2, "SELECT id FROM t_dead_letter WHERE order_no = 'LEG2'")
 	if id, _, err := s.Park(ctx, lenient); err != nil || id != legacy2 {
 		t.Fatalf("body-filed park after migration: %d, %v; want %d", id, err, legacy2)
+	}
+}
+
+// A replay acts on the row as the operator read it: a row discarded by
+// another operator since, or parked again since, is refused and nothing is
+// published.
+func TestReplayRefusesARowChangedSinceItWasRead(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	s := deadletter.NewStore(db)
+	ctx := context.Background()
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	published := 0
+	publish := func(context.Context) error { published++; return nil }
+
+	discarded, _, err := s.Park(ctx, parked("CH1", t0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	read, _, err := s.Get(ctx, discarded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MarkDiscarded(ctx, discarded, "bob", "customer cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Replay(ctx, read, "alice", "topped up", "published", publish); !errors.Is(err, deadletter.ErrChanged) {
+		t.Fatalf("replay of a row discarded since it was read: %v, want ErrChanged", err)
+	}
+	if d, _, _ := s.Get(ctx, discarded); d.Status != deadletter.Discarded {
+		t.Fatalf("status %s, want DISCARDED kept", d.Status)
+	}
+
+	reparked, _, err := s.Park(ctx, parked("CH2", t0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if read, _, err = s.Get(ctx, reparked); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Park(ctx, parked("CH2", t0.Add(time.Second))); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Replay(ctx, read, "alice", "topped up", "published", publish); !errors.Is(err, deadletter.ErrChanged) {
+		t.Fatalf("replay of a row parked again since it was read: %v, want ErrChanged", err)
+	}
+	if published != 0 {
+		t.Fatalf("published %d copies of rows that changed", published)
+	}
+	// Read afresh, the same row replays.
+	if read, _, err = s.Get(ctx, reparked); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Replay(ctx, read, "alice", "topped up", "published", publish); err != nil || published != 1 {
+		t.Fatalf("replay of a fresh read: %v, %d published", err, published)
+	}
+}
+
+// The row stays locked from the replay's check to its mark: the copy,
+// failing again and parked while the replay waits for its confirm, is
+// parked after the mark, so the row ends NEW with a new alert (not
+// REPLAYED, which would hide a payment that failed again).
+func TestReplayHoldsTheRowUntilItsMark(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	s := deadletter.NewStore(db)
+	ctx := context.Background()
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	id, _, err := s.Park(ctx, parked("HOLD1", t0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	read, _, err := s.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type parking struct {
+		becameNew bool
+		err       error
+	}
+	done := make(chan parking, 1)
+	err = s.Replay(ctx, read, "alice", "retry", "published", func(context.Context) error {
+		go func() {
+			_, becameNew, err := s.Park(ctx, parked("HOLD1", t0.Add(time.Minute)))
+			done <- parking{becameNew, err}
+		}()
+		select {
+		case p := <-done:
+			t.Errorf("the copy was parked (%+v) while the replay held the row", p)
+			done <- p
+		case <-time.After(300 * time.Millisecond): // it waits on the row, as it must
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p parking
+	select {
+	case p = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the copy was never parked")
+	}
+	if p.err != nil || !p.becameNew {
+		t.Fatalf("parking after the replay: becameNew %v, %v; want a new alert", p.becameNew, p.err)
+	}
+	if d, _, _ := s.Get(ctx, id); d.Status != deadletter.New || d.ParkedCount != 2 {
+		t.Fatalf("row %s, parked %d times; want NEW, 2", d.Status, d.ParkedCount)
 	}
 }

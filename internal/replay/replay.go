@@ -108,11 +108,23 @@ func (r *Replayer) replayOne(ctx context.Context, d deadletter.DeadLetter, opera
 		DeliveryMode: amqp.Persistent, MessageId: fmt.Sprintf("replay-%d-%d", d.ID, time.Now().UnixNano()),
 		Timestamp: time.Now(), Body: d.Body,
 	}
-	if err := r.Publish.Publish(ctx, "", listener.MainQueue, msg); err != nil {
-		r.Store.RecordFailure(context.WithoutCancel(ctx), d.ID, operator, reason, err.Error())
-		return err
+	// The row stays locked from its check to its mark (Store.Replay): a row
+	// another operator discarded or replayed since it was read is refused,
+	// and a re-parking of the copy waits for the mark.
+	var pubErr error
+	published := false
+	err := r.Store.Replay(ctx, d, operator, reason, "published to "+listener.MainQueue, func(ctx context.Context) error {
+		pubErr = r.Publish.Publish(ctx, "", listener.MainQueue, msg)
+		published = pubErr == nil
+		return pubErr
+	})
+	switch {
+	case pubErr != nil:
+		r.Store.RecordFailure(context.WithoutCancel(ctx), d.ID, operator, reason, pubErr.Error())
+	case published && err != nil:
+		return fmt.Errorf("published to %s, but not marked REPLAYED: %w", listener.MainQueue, err)
 	}
-	return r.Store.MarkReplayed(ctx, d.ID, operator, reason, "published to "+listener.MainQueue)
+	return err
 }
 
 // replayHeaders keeps the producer's own headers and starts the retry count
