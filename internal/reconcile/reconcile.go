@@ -114,10 +114,12 @@ func duplicates(ctx context.Context, db *sqlx.DB, o Options, r *Report) error {
 	var groups []struct {
 		BizNo   string `db:"biz_no"`
 		UserID  int64  `db:"user_id"`
+		Users   int    `db:"users"`
 		N       int    `db:"n"`
 		FirstID int64  `db:"first_id"`
 	}
-	err := db.SelectContext(ctx, &groups, `SELECT biz_no, MIN(user_id) AS user_id, COUNT(*) AS n, MIN(id) AS first_id
+	err := db.SelectContext(ctx, &groups, `SELECT biz_no, MIN(user_id) AS user_id, COUNT(DISTINCT user_id) AS users,
+		COUNT(*) AS n, MIN(id) AS first_id
 		FROM t_account_flow WHERE type = 'PAY_DEDUCT'`+w+` GROUP BY biz_no HAVING COUNT(*) > 1 ORDER BY biz_no`, args...)
 	if err != nil {
 		return fmt.Errorf("reconcile: duplicates: %w", err)
@@ -138,6 +140,10 @@ func duplicates(ctx context.Context, db *sqlx.DB, o Options, r *Report) error {
 		p := Problem{Kind: DuplicateFlow, BizNo: g.BizNo, UserID: g.UserID,
 			Detail: fmt.Sprintf("%d PAY_DEDUCT flows; %s charged twice or more", g.N, refund)}
 		switch {
+		case g.Users > 1:
+			// Which user was charged in excess is not the data's to say:
+			// crediting one user the others' flows would pay the wrong one.
+			p.Detail += fmt.Sprintf("; the flows name %d users: fix by hand", g.Users)
 		case len(reversed) == 1 && reversed[0] == refund:
 			r.Reconciled++
 			continue
@@ -145,11 +151,18 @@ func duplicates(ctx context.Context, db *sqlx.DB, o Options, r *Report) error {
 			p.Kind = PartiallyReversed
 			p.Detail += fmt.Sprintf("; reversal %s books %s: fix by hand", g.BizNo+ReverseSuffix, reversed[0])
 		case o.Fix:
-			if err := reverse(ctx, db, g.UserID, refund, g.BizNo); err != nil {
+			err := reverse(ctx, db, g.UserID, refund, g.BizNo)
+			switch {
+			case errors.Is(err, account.ErrNoAccount):
+				// This group cannot be reversed; the others and the
+				// remaining checks still run.
+				p.Detail += fmt.Sprintf("; not reversed: user %d has no account: fix by hand", g.UserID)
+			case err != nil:
 				return err
+			default:
+				p.Fixed = true
+				p.Detail += fmt.Sprintf("; reversed by %s (+%s)", g.BizNo+ReverseSuffix, refund)
 			}
-			p.Fixed = true
-			p.Detail += fmt.Sprintf("; reversed by %s (+%s)", g.BizNo+ReverseSuffix, refund)
 		}
 		r.Problems = append(r.Problems, p)
 	}

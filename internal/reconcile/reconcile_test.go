@@ -133,3 +133,47 @@ func TestConcurrentFixesBookOneReversalEach(t *testing.T) {
 			groups, money.Cents(100000+groups*100))
 	}
 }
+
+// Legacy duplicates that one fix cannot settle are reported for a person,
+// and the run goes on: flows of one order naming two users (crediting one
+// of them the other's charge would pay the wrong user), and a duplicate of
+// a user with no account row (its credit is refused).
+func TestReconcileLeavesWhatItCannotReverseToAPerson(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	ctx := context.Background()
+	db.MustExec("ALTER TABLE t_account_flow DROP INDEX uk_biz_no_type")
+	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (3, 100.00), (7, 90.00), (8, 50.00)")
+	db.MustExec(`INSERT INTO t_order (order_no, user_id, amount, status) VALUES
+		('MIXED', 7, 5.00, 'PAID'), ('NOACC', 9, 4.00, 'PAID'), ('ZDUP', 8, 10.00, 'PAID')`)
+	db.MustExec(`INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES
+		(7, -5.00, 'MIXED', 'PAY_DEDUCT'), (3, -5.00, 'MIXED', 'PAY_DEDUCT'), (7, -5.00, 'MIXED', 'PAY_DEDUCT'),
+		(9, -4.00, 'NOACC', 'PAY_DEDUCT'), (9, -4.00, 'NOACC', 'PAY_DEDUCT'),
+		(8, -10.00, 'ZDUP', 'PAY_DEDUCT'), (8, -10.00, 'ZDUP', 'PAY_DEDUCT')`)
+
+	rep, err := reconcile.Run(ctx, db, reconcile.Options{Fix: true})
+	if err != nil {
+		t.Fatalf("fix run: %v (one group it cannot reverse must not stop the others)", err)
+	}
+	fixed := map[string]bool{}
+	for _, p := range rep.Problems {
+		if p.Kind == reconcile.DuplicateFlow {
+			fixed[p.BizNo] = p.Fixed
+		}
+	}
+	if want := map[string]bool{"MIXED": false, "NOACC": false, "ZDUP": true}; fmt.Sprint(fixed) != fmt.Sprint(want) {
+		t.Fatalf("duplicate groups fixed %v, want %v (report %+v)", fixed, want, rep.Problems)
+	}
+	var b3, b7, b8 money.Cents
+	db.Get(&b3, "SELECT balance FROM t_account WHERE user_id = 3")
+	db.Get(&b7, "SELECT balance FROM t_account WHERE user_id = 7")
+	db.Get(&b8, "SELECT balance FROM t_account WHERE user_id = 8")
+	if b3 != 10000 || b7 != 9000 || b8 != 6000 {
+		t.Fatalf("balances 3: %s, 7: %s, 8: %s; want 100.00 and 90.00 untouched, 60.00 after ZDUP's reversal", b3, b7, b8)
+	}
+	var reversals int
+	db.Get(&reversals, "SELECT COUNT(*) FROM t_account_flow WHERE type = 'REVERSE_DEDUCT'")
+	if reversals != 1 {
+		t.Fatalf("%d reversals booked, want 1 (ZDUP's)", reversals)
+	}
+}
