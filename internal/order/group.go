@@ -159,6 +159,9 @@ func (s *Store) payGroup(ctx context.Context, ps []Payment) (applied []bool, err
 	for k, i := range order {
 		set[k] = ps[i]
 	}
+	if !sumsFit(set) {
+		return applied, nil // each runs alone
+	}
 	mark := func(set []Payment) {
 		k := 0
 		for _, i := range order {

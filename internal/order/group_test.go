@@ -407,3 +407,30 @@ func TestPayGroupOfNothingClosesItsTransaction(t *testing.T) {
 		t.Fatal("the group's transaction is still open on the pooled connection")
 	}
 }
+
+// A user's payments in one group whose sum does not fit DECIMAL(18,2) are
+// not grouped (each runs alone): in int64 cents that sum could wrap around
+// and deduct less than the payments. Here 19 payments of
+// 9,708,812,670,373,448.22 sum to 0.02 modulo 2^64, and the balance is
+// 1.00.
+func TestPayGroupNeverWrapsAUsersSum(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	const amount = money.Cents(970881267037344822)
+	var ps []order.Payment
+	for i := range 19 {
+		no := fmt.Sprintf("WRAP%02d", i)
+		seed(t, db, no, 1, amount.String(), "1.00")
+		ps = append(ps, pay(no, 1, amount))
+	}
+	applied, err := order.PayGroup(order.NewStore(db), context.Background(), ps)
+	if err != nil {
+		t.Fatalf("payGroup: %v", err)
+	}
+	if slices.Contains(applied, true) {
+		t.Fatalf("applied %v, want none: the balance is 1.00", applied)
+	}
+	if got, want := read(t, db, "WRAP00", 1), (state{order.Init, 100, 0, 0}); got != want {
+		t.Fatalf("WRAP00: %+v, want %+v", got, want)
+	}
+}

@@ -126,6 +126,27 @@ func newSetWrite(ps []Payment, now time.Time, noticeLease time.Duration) setWrit
 	return setWrite{query: q.String(), args: args, want: []int64{0, n, n, int64(len(sums)), n}}
 }
 
+// sumsFit reports whether each user's sum of ps (sorted by user) fits
+// DECIMAL(18,2). A set's balance statement deducts those sums; one that
+// did not fit could wrap around in int64 and deduct less than the
+// payments. Amounts are at most money.Max, so a running sum checked after
+// each addition never overflows.
+func sumsFit(ps []Payment) bool {
+	var total money.Cents
+	for i, p := range ps {
+		if i == 0 || ps[i-1].UserID != p.UserID {
+			total = 0
+		}
+		if p.Amount < 0 || p.Amount > money.Max {
+			return false
+		}
+		if total += p.Amount; total > money.Max {
+			return false
+		}
+	}
+	return true
+}
+
 // lockOrder sorts payments by user, then order number: every set takes
 // its rows in this order (orders, then accounts, each by key), so two sets
 // cannot wait on each other in a cycle.
