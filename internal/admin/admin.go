@@ -86,8 +86,8 @@ func (s *Server) auth(next http.Handler) http.Handler {
 		}
 		name := ""
 		if c, err := r.Cookie(cookieName); err == nil && s.Sessions != nil {
-			op, _, err := s.Sessions.Lookup(r.Context(), c.Value)
-			if err == nil && known(s.Operators, op) { // an operator taken out of the config is out
+			op, _, err := s.Sessions.Lookup(r.Context(), c.Value, s.Operators) // only with the token it signed in with
+			if err == nil {
 				name = op
 			} else if err != nil && !errors.Is(err, errNoSession) {
 				http.Error(w, "sessions: "+err.Error(), http.StatusServiceUnavailable)
@@ -95,7 +95,8 @@ func (s *Server) auth(next http.Handler) http.Handler {
 			}
 		}
 		if bearer, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); found && name == "" {
-			name, _ = identify(s.Operators, bearer)
+			op, _ := identify(s.Operators, bearer)
+			name = op.Name
 		}
 		if name == "" {
 			if r.Method == http.MethodGet {
@@ -131,12 +132,13 @@ func safeNext(next string) string {
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	next := safeNext(r.FormValue("next"))
-	name, ok := identify(s.Operators, r.FormValue("token"))
+	op, ok := identify(s.Operators, r.FormValue("token"))
+	name := op.Name
 	if !ok || s.Sessions == nil {
 		http.Redirect(w, r, "/login?error=unknown+token&next="+url.QueryEscape(next), http.StatusSeeOther)
 		return
 	}
-	token, err := s.Sessions.Create(r.Context(), name)
+	token, err := s.Sessions.Create(r.Context(), op)
 	if err != nil {
 		http.Error(w, "sessions: "+err.Error(), http.StatusServiceUnavailable)
 		return
@@ -149,7 +151,9 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 	if c, err := r.Cookie(cookieName); err == nil {
-		s.Sessions.Revoke(r.Context(), idOf(c.Value), operator(r))
+		if _, id, err := s.Sessions.Lookup(r.Context(), c.Value, s.Operators); err == nil {
+			s.Sessions.Revoke(r.Context(), id, operator(r))
+		}
 	}
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", MaxAge: -1})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)

@@ -76,22 +76,13 @@ func NewOperator(name, token string) Operator {
 
 // identify returns the operator whose token this is. Every operator is
 // compared, in constant time, whatever matches first.
-func identify(ops []Operator, token string) (string, bool) {
+func identify(ops []Operator, token string) (Operator, bool) {
 	sum := sha256.Sum256([]byte(token))
-	found := ""
+	var found Operator
 	for _, op := range ops {
 		if subtle.ConstantTimeCompare(sum[:], op.hash[:]) == 1 {
-			found = op.Name
+			found = op
 		}
 	}
-	return found, found != ""
-}
-
-func known(ops []Operator, name string) bool {
-	for _, op := range ops {
-		if op.Name == name {
-			return true
-		}
-	}
-	return false
+	return found, found.Name != ""
 }
