@@ -333,7 +333,7 @@ func (d *Dispatcher) publish(ctx context.Context, pub *broker.Publisher, rows []
 			msg = msg[:1000]
 		}
 		q, args, err := sqlx.In(`UPDATE t_outbox SET last_error = ?,
-			next_attempt_at = CURRENT_TIMESTAMP(3) + INTERVAL LEAST(POW(2, LEAST(attempts - 1, 8)), 300) SECOND
+			next_attempt_at = CURRENT_TIMESTAMP(3) + INTERVAL LEAST(POW(2, LEAST(attempts - 1, 9)), 300) SECOND
 			WHERE id IN (?)`, msg, ids(failed))
 		if err == nil {
 			_, err = d.DB.ExecContext(mctx, q, args...)

@@ -242,3 +242,32 @@ func TestDispatcherMarksHandedOverNoticesTogether(t *testing.T) {
 		t.Fatalf("a notice published and pending its mark was not marked when the dispatcher stopped")
 	}
 }
+
+// A notice that keeps failing waits 1 s, then twice as long after each
+// attempt, up to 5 minutes (the documented cap), never longer and never
+// stuck below it.
+func TestDispatcherBackoffStopsAtFiveMinutes(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	amqpURL := testenv.AMQP(t) // no notice exchange declared: every publish fails
+	if err := outbox.AddPaymentSucceeded(context.Background(), db, "B1", 1, money.Cents(100), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	pub := broker.NewPublisher(dial(t, amqpURL), 3*time.Second)
+	defer pub.Close()
+	d := &outbox.Dispatcher{DB: db, Batch: 10, Log: zap.NewNop()}
+	for _, c := range []struct {
+		attempts int // before this one
+		wait     time.Duration
+	}{{0, time.Second}, {3, 8 * time.Second}, {8, 256 * time.Second}, {9, 300 * time.Second}, {20, 300 * time.Second}} {
+		db.MustExec("UPDATE t_outbox SET attempts = ?, next_attempt_at = CURRENT_TIMESTAMP(3) - INTERVAL 1 SECOND WHERE biz_no = 'B1'", c.attempts)
+		if n, err := d.DispatchOnce(context.Background(), pub); err == nil || n != 0 {
+			t.Fatalf("attempt %d: sent %d, %v; want a failure", c.attempts+1, n, err)
+		}
+		var wait float64
+		db.Get(&wait, "SELECT TIMESTAMPDIFF(MICROSECOND, CURRENT_TIMESTAMP(3), next_attempt_at) / 1e6 FROM t_outbox WHERE biz_no = 'B1'")
+		if got := time.Duration(wait * float64(time.Second)); got > c.wait || got < c.wait-5*time.Second {
+			t.Errorf("after attempt %d: next in %v, want %v", c.attempts+1, got.Round(time.Second), c.wait)
+		}
+	}
+}
