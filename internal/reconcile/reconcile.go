@@ -150,6 +150,11 @@ func duplicates(ctx context.Context, db *sqlx.DB, o Options, r *Report) error {
 		case len(reversed) == 1:
 			p.Kind = PartiallyReversed
 			p.Detail += fmt.Sprintf("; reversal %s books %s: fix by hand", g.BizNo+ReverseSuffix, reversed[0])
+		case len(reversed) > 1:
+			// Only a table without uk_biz_no_type, and a hand, can hold two:
+			// booking a third would only add to them.
+			p.Kind = PartiallyReversed
+			p.Detail += fmt.Sprintf("; %d reversals %s exist: fix by hand", len(reversed), g.BizNo+ReverseSuffix)
 		case o.Fix:
 			err := reverse(ctx, db, g.UserID, refund, g.BizNo)
 			switch {

@@ -149,7 +149,10 @@ func TestReconcileLeavesWhatItCannotReverseToAPerson(t *testing.T) {
 	db.MustExec(`INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES
 		(7, -5.00, 'MIXED', 'PAY_DEDUCT'), (3, -5.00, 'MIXED', 'PAY_DEDUCT'), (7, -5.00, 'MIXED', 'PAY_DEDUCT'),
 		(9, -4.00, 'NOACC', 'PAY_DEDUCT'), (9, -4.00, 'NOACC', 'PAY_DEDUCT'),
-		(8, -10.00, 'ZDUP', 'PAY_DEDUCT'), (8, -10.00, 'ZDUP', 'PAY_DEDUCT')`)
+		(8, -10.00, 'ZDUP', 'PAY_DEDUCT'), (8, -10.00, 'ZDUP', 'PAY_DEDUCT'),
+		(8, -1.00, 'TWICE', 'PAY_DEDUCT'), (8, -1.00, 'TWICE', 'PAY_DEDUCT'),
+		(8, 1.00, 'TWICE-REVERSE', 'REVERSE_DEDUCT'), (8, 1.00, 'TWICE-REVERSE', 'REVERSE_DEDUCT')`)
+	db.MustExec("INSERT INTO t_order (order_no, user_id, amount, status) VALUES ('TWICE', 8, 1.00, 'PAID')")
 
 	rep, err := reconcile.Run(ctx, db, reconcile.Options{Fix: true})
 	if err != nil {
@@ -173,7 +176,10 @@ func TestReconcileLeavesWhatItCannotReverseToAPerson(t *testing.T) {
 	}
 	var reversals int
 	db.Get(&reversals, "SELECT COUNT(*) FROM t_account_flow WHERE type = 'REVERSE_DEDUCT'")
-	if reversals != 1 {
-		t.Fatalf("%d reversals booked, want 1 (ZDUP's)", reversals)
+	if reversals != 3 {
+		t.Fatalf("%d reversals, want 3 (ZDUP's, and the two TWICE had)", reversals)
+	}
+	if k := kinds(rep); k[reconcile.PartiallyReversed] != 1 {
+		t.Fatalf("TWICE with two reversals not reported for a person: %+v", rep.Problems)
 	}
 }
