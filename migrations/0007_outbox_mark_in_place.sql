@@ -7,6 +7,11 @@
 -- not sent yet holds '1000-01-01 00:00:00'.
 -- The ALTER copies the table: on a large t_outbox, payments wait (in the
 -- queue, nothing lost) until it finishes; see docs/operations.md.
+-- The default first (a change of metadata only): pods of the previous image,
+-- still paying during the migration, insert notices without sent_time, and
+-- a NULL written between the UPDATE and the MODIFY would make the MODIFY
+-- fail.
+ALTER TABLE t_outbox ALTER COLUMN sent_time SET DEFAULT '1000-01-01 00:00:00';
 UPDATE t_outbox SET sent_time = '1000-01-01 00:00:00' WHERE sent_time IS NULL;
 ALTER TABLE t_outbox
   MODIFY status    CHAR(7) CHARACTER SET ascii NOT NULL DEFAULT 'PENDING',

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/testenv"
@@ -105,5 +108,49 @@ func TestOutboxMigrationKeepsNoticesAndFixesTheRowLength(t *testing.T) {
 	}
 	if _, err := db.Exec(`INSERT INTO t_outbox (event_type, biz_no, payload, status) VALUES ('payment.succeeded', 'OB3', '{}', 'BOGUS')`); err == nil {
 		t.Fatal("a status outside PENDING and SENT was accepted")
+	}
+}
+
+// Migration 7 runs while pods of the previous image go on paying: their
+// notices leave sent_time out (NULL by the old default), and one written
+// between the migration's UPDATE and its MODIFY must not make the MODIFY
+// fail (a rollout would stall on its init container).
+func TestOutboxMigrationWhileOldPodsWriteNotices(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t) // fully migrated
+	ctx, ms := context.Background(), loadMigrations(t)
+	for round := range 3 {
+		db.MustExec(`ALTER TABLE t_outbox MODIFY status VARCHAR(16) NOT NULL DEFAULT 'PENDING', MODIFY sent_time DATETIME(3) NULL DEFAULT NULL`)
+		db.MustExec("DELETE FROM schema_migrations WHERE version = 7")
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var written atomic.Int64
+		for w := range 4 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					// The previous image's notice insert: no sent_time.
+					if _, err := db.Exec(`INSERT INTO t_outbox (event_type, biz_no, payload) VALUES ('payment.succeeded', ?, '{}')`,
+						fmt.Sprintf("OLD%d-%d-%d", round, w, i)); err == nil {
+						written.Add(1)
+					}
+				}
+			})
+		}
+		testenv.Eventually(t, 10*time.Second, func() bool { return written.Load() >= 20 }, "the old pods wrote nothing")
+		_, err := sqldb.Migrate(ctx, db, ms)
+		close(stop)
+		wg.Wait()
+		if err != nil {
+			t.Fatalf("round %d: migration 7 with old pods writing (%d notices): %v", round, written.Load(), err)
+		}
+		var nulls int
+		if err := db.Get(&nulls, "SELECT COUNT(*) FROM t_outbox WHERE sent_time IS NULL"); err != nil || nulls != 0 {
+			t.Fatalf("round %d: %d notices without sent_time (%v)", round, nulls, err)
+		}
 	}
 }
