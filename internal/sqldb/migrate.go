@@ -25,6 +25,39 @@ type Migration struct {
 // goMigrations run between the SQL files, by version.
 var goMigrations = []Migration{
 	{Version: 3, Name: "0003_flow_unique_index", Run: flowUniqueIndex},
+	{Version: 5, Name: "0005_trace", Run: traceColumns},
+}
+
+// traceColumns adds the W3C trace context: the trace id of a parked payment
+// (to find its spans and log lines) and the traceparent a payment's notice
+// is published with. Each change is made only if it is missing: a migration
+// is recorded after its last change, and one cut half way (a pod evicted,
+// a lost connection) must complete on the next run instead of failing on
+// the column it added (MySQL 8 has no ADD COLUMN IF NOT EXISTS).
+func traceColumns(ctx context.Context, conn *sqlx.Conn) error {
+	for _, c := range []struct{ table, kind, name, ddl string }{
+		{"t_dead_letter", "column", "trace_id", "ALTER TABLE t_dead_letter ADD COLUMN trace_id VARCHAR(32) NOT NULL DEFAULT ''"},
+		{"t_dead_letter", "index", "idx_trace_id", "ALTER TABLE t_dead_letter ADD KEY idx_trace_id (trace_id)"},
+		{"t_outbox", "column", "traceparent", "ALTER TABLE t_outbox ADD COLUMN traceparent VARCHAR(55) NOT NULL DEFAULT ''"},
+	} {
+		q := `SELECT COUNT(*) FROM information_schema.columns
+			WHERE table_schema = DATABASE() AND table_name = ? AND column_name = ?`
+		if c.kind == "index" {
+			q = `SELECT COUNT(*) FROM information_schema.statistics
+				WHERE table_schema = DATABASE() AND table_name = ? AND index_name = ?`
+		}
+		var n int
+		if err := conn.GetContext(ctx, &n, q, c.table, c.name); err != nil {
+			return err
+		}
+		if n > 0 {
+			continue
+		}
+		if _, err := conn.ExecContext(ctx, c.ddl); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // LoadMigrations reads the *.sql files of fsys, sorted by version.

@@ -154,3 +154,31 @@ func TestOutboxMigrationWhileOldPodsWriteNotices(t *testing.T) {
 		}
 	}
 }
+
+// A migration cut half way (the pod evicted after its first ALTER) is not
+// recorded; the next `paysvc migrate` completes it instead of failing on
+// what it already added.
+func TestTraceMigrationCompletesAfterBeingCutHalfWay(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t) // fully migrated
+	ctx, ms := context.Background(), loadMigrations(t)
+	// 0005's first change applied, the rest not, nothing recorded.
+	db.MustExec("ALTER TABLE t_dead_letter DROP KEY idx_trace_id")
+	db.MustExec("ALTER TABLE t_outbox DROP COLUMN traceparent")
+	db.MustExec("DELETE FROM schema_migrations WHERE version = 5")
+	if _, err := sqldb.Migrate(ctx, db, ms); err != nil {
+		t.Fatalf("migrate after a cut 0005: %v", err)
+	}
+	var n int
+	db.Get(&n, `SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE()
+		AND ((table_name = 't_dead_letter' AND column_name = 'trace_id') OR (table_name = 't_outbox' AND column_name = 'traceparent'))`)
+	var keys int
+	db.Get(&keys, `SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE()
+		AND table_name = 't_dead_letter' AND index_name = 'idx_trace_id'`)
+	if n != 2 || keys != 1 {
+		t.Fatalf("after the re-run: %d of 2 columns, %d of 1 index", n, keys)
+	}
+	if _, err := sqldb.Migrate(ctx, db, ms); err != nil {
+		t.Fatalf("a second run: %v", err)
+	}
+}
