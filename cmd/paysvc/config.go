@@ -166,9 +166,14 @@ func (c *Config) handleTimeout() time.Duration { return c.Idempotent.Lease / 2 }
 type decoder struct {
 	v    *viper.Viper
 	errs []error
+	hide bool // the key being decoded holds a secret: never echo its value
 }
 
 func (d *decoder) fail(key string, val any, want string) {
+	if d.hide {
+		d.errs = append(d.errs, fmt.Errorf("%s: want %s, got a %T (the value is not shown: it may be a secret)", key, want, val))
+		return
+	}
 	d.errs = append(d.errs, fmt.Errorf("%s: want %s, got %v", key, want, val))
 }
 
@@ -261,6 +266,8 @@ func (d *decoder) durations(key string) []time.Duration {
 
 // decode sets k's field in c from viper's value, by the field's type.
 func (d *decoder) decode(k key, c *Config) {
+	d.hide = k.secret || k.redact != nil
+	defer func() { d.hide = false }()
 	switch p := k.bind(c).(type) {
 	case *string:
 		*p = d.str(k.name)

@@ -555,3 +555,28 @@ func TestConfigReferenceRendering(t *testing.T) {
 		t.Error("markers in the wrong order accepted")
 	}
 }
+
+// Start-up errors never echo a secret: a secret YAML reads as a number (an
+// unquoted all-digit password), and a DSN whose password holds a '/' that
+// the driver's parser takes for the end of the address.
+func TestConfigErrorsNeverEchoASecret(t *testing.T) {
+	for _, c := range []struct {
+		name, yaml, secret string
+	}{
+		{"redis.password as a number", "redis:\n  password: 7319046628815523\n", "7319046628815523"},
+		{"admin.token as a float", "admin:\n  token: 7319046628.815523\n", "815523"},
+		{"mysql.dsn with a slash in its password", "mysql:\n  dsn: \"paysvc:Zm9vX2Jh/cl9zZWNyZXQ=@tcp(db:3306)\"\n", "Zm9vX2Jh"},
+	} {
+		_, err := loadConfig(writeConfig(t, c.yaml), true, nil)
+		if err == nil {
+			t.Errorf("%s: accepted", c.name)
+			continue
+		}
+		if strings.Contains(err.Error(), c.secret) {
+			t.Errorf("%s: the error shows the secret: %v", c.name, err)
+		}
+		if key, _, _ := strings.Cut(c.name, " "); !strings.Contains(err.Error(), key) {
+			t.Errorf("%s: the error does not name the key: %v", c.name, err)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -197,7 +198,10 @@ var checkAMQPURLs = checkOf(func(s string, bad badFunc) {
 
 var checkDSN = checkOf(func(dsn string, bad badFunc) {
 	if _, err := mysql.ParseDSN(dsn); err != nil {
-		bad("%v", err)
+		// The driver's message can quote part of the DSN, password included
+		// (a '/' in the password read as the end of the address): only its
+		// fixed messages are shown.
+		bad("%v", dsnError(err))
 	} else if err := sqldb.CheckDSN(dsn); err != nil {
 		for _, e := range unjoin(err) {
 			bad("%v", e)
@@ -247,4 +251,17 @@ func unjoin(err error) []error {
 		return j.Unwrap()
 	}
 	return []error{err}
+}
+
+// dsnError is err from mysql.ParseDSN when it is one of the driver's fixed
+// messages (they quote nothing of the DSN), or a message of ours.
+func dsnError(err error) error {
+	switch err.Error() {
+	case "invalid DSN: did you forget to escape a param value?",
+		"invalid DSN: network address not terminated (missing closing brace)",
+		"invalid DSN: missing the slash separating the database name",
+		"invalid DSN: interpolateParams can not be used with unsafe collations":
+		return err
+	}
+	return errors.New("not a valid DSN: want user:password@tcp(host:port)/dbname?params (the driver's message is not shown: it may quote the password)")
 }

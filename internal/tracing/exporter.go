@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -164,7 +166,11 @@ func (e *Exporter) send(ctx context.Context, batch []Span) error {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := e.client.Do(req)
 	if err != nil {
-		return err
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the endpoint may hold a token (trace.otlpEndpoint is a secret): never log it
+		}
+		return fmt.Errorf("otlp export: %w", err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,4 +103,23 @@ func TestExporterPostsOTLPJSON(t *testing.T) {
 	}
 	var nilExporter *Exporter
 	nilExporter.Export(Span{}) // a nil exporter drops, never panics
+}
+
+// trace.otlpEndpoint is a secret (a collector's token may sit in its user
+// or its path): a failed export's error, which is logged, shows neither.
+func TestExportErrorHidesTheEndpoint(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens: the export fails
+	e := NewExporter("http://UsErToKeN@"+addr+"/tenant/PaThToKeN", zap.NewNop())
+	err = e.send(context.Background(), []Span{{Context: New(), Name: "x", Start: time.Now(), End: time.Now()}})
+	if err == nil {
+		t.Fatal("an export to a closed port succeeded")
+	}
+	if strings.Contains(err.Error(), "UsErToKeN") || strings.Contains(err.Error(), "PaThToKeN") {
+		t.Fatalf("the export error shows the endpoint: %v", err)
+	}
 }
