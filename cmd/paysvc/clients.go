@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -59,9 +58,10 @@ func (c *Config) redisOptions(poolSize int) (*redis.UniversalOptions, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redis.caFile: %w", err)
 		}
-		if host, _, err := net.SplitHostPort(o.Addrs[0]); err == nil && len(o.Addrs) == 1 {
-			t.ServerName = host
-		}
+		// No ServerName: each dial checks the certificate against the host
+		// it dials (crypto/tls takes it from the address). Pinned to the
+		// first address, a Sentinel setup would check the master it finds
+		// against the sentinel's name, and never reach it.
 		o.TLSConfig = t
 	}
 	return o, nil

@@ -98,7 +98,7 @@ var keys = []key{
 		doc:  "Redis password"},
 	{name: "redis.db", def: "0", check: atLeast0("want 0 or more, got %d"),
 		bind: func(c *Config) any { return &c.Redis.DB },
-		doc:  "database number"},
+		doc:  "database number (0 only with a Redis Cluster)"},
 	{name: "redis.masterName", def: "",
 		bind: func(c *Config) any { return &c.Redis.MasterName },
 		doc:  "Sentinel: the master's name (`redis.addr` lists the sentinels)"},

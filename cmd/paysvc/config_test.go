@@ -580,3 +580,42 @@ func TestConfigErrorsNeverEchoASecret(t *testing.T) {
 		}
 	}
 }
+
+// A Redis Cluster (several addresses, no master's name) has database 0
+// only: redis.db there is refused, naming the key, not ignored.
+func TestConfigRefusesADatabaseNumberForACluster(t *testing.T) {
+	_, err := loadConfig(writeConfig(t, "redis:\n  addr: \"r1:6379,r2:6379,r3:6379\"\n  db: 3\n"), true, nil)
+	if err == nil || !strings.Contains(err.Error(), "redis.db") {
+		t.Fatalf("redis.db 3 with a Cluster: %v, want an error naming redis.db", err)
+	}
+	for _, yaml := range []string{
+		"redis:\n  addr: \"s1:26379,s2:26379\"\n  masterName: pay\n  db: 3\n", // Sentinel
+		"redis:\n  addr: \"r1:6379\"\n  db: 3\n",                              // one server
+	} {
+		if _, err := loadConfig(writeConfig(t, yaml), true, nil); err != nil {
+			t.Errorf("%q: %v", yaml, err)
+		}
+	}
+}
+
+// With TLS, the client options do not pin one certificate name: with
+// Sentinel the client dials the sentinels and then the master they name,
+// and each must be checked against its own host.
+func TestRedisTLSNamesNoServer(t *testing.T) {
+	for _, yaml := range []string{
+		"redis:\n  addr: \"sentinel-0:26379\"\n  masterName: pay\n  tls: true\n",
+		"redis:\n  addr: \"redis-0:6379\"\n  tls: true\n",
+	} {
+		c, err := loadConfig(writeConfig(t, yaml), true, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := c.redisOptions(4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.TLSConfig == nil || o.TLSConfig.ServerName != "" {
+			t.Errorf("%q: TLS config %+v, want TLS with no ServerName", yaml, o.TLSConfig)
+		}
+	}
+}

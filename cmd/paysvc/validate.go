@@ -50,6 +50,11 @@ func (c *Config) validateAcross(reporter func(name string) badFunc) {
 	if c.Redis.CAFile != "" && !c.Redis.TLS {
 		reporter("redis.caFile")("set redis.tls: true too")
 	}
+	if c.Redis.DB != 0 && c.Redis.MasterName == "" && len(c.RedisAddrs()) > 1 {
+		// Several addresses without a master's name are a Cluster, which has
+		// database 0 only: the setting would be ignored without a word.
+		reporter("redis.db")("want 0 with a Redis Cluster (several redis.addr and no redis.masterName), got %d", c.Redis.DB)
+	}
 	if _, err := c.adminOperators(); err != nil && c.Admin.Operators != "" {
 		reporter("admin.operators")("%v", err)
 	}
