@@ -116,6 +116,17 @@ func (d *DialingPublisher) Publish(ctx context.Context, exchange, key string, ms
 	return err
 }
 
+// CloseTimeout bounds CloseConn's wait for the broker's close-ok.
+const CloseTimeout = 5 * time.Second
+
+// CloseConn closes conn, waiting at most CloseTimeout for the broker: a
+// broker that blocked the connection (a resource alarm) may never answer
+// the close, and amqp091's Close would wait for the heartbeat to declare
+// the connection dead, holding up a shutdown.
+func CloseConn(conn *amqp.Connection) error {
+	return conn.CloseDeadline(time.Now().Add(CloseTimeout))
+}
+
 // Close closes the connection.
 func (d *DialingPublisher) Close() {
 	d.mu.Lock()
@@ -125,7 +136,7 @@ func (d *DialingPublisher) Close() {
 
 func (d *DialingPublisher) closeLocked() {
 	if d.conn != nil {
-		d.conn.Close()
+		CloseConn(d.conn)
 		d.conn, d.pub = nil, nil
 	}
 }

@@ -78,7 +78,7 @@ func (p *Parker) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer broker.CloseConn(conn) // bounded: a blocked broker may never answer
 	ch, err := conn.Channel()
 	if err != nil {
 		return err

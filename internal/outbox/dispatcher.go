@@ -109,7 +109,7 @@ func (d *Dispatcher) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer broker.CloseConn(conn) // bounded: a blocked broker may never answer
 	ch, err := conn.Channel()
 	if err != nil {
 		return err

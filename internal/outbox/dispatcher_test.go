@@ -271,3 +271,38 @@ func TestDispatcherBackoffStopsAtFiveMinutes(t *testing.T) {
 		}
 	}
 }
+
+// A broker that never answers the connection's close (a resource alarm
+// blocks it) does not hold the dispatcher's stop: the close is bounded.
+func TestDispatcherStopsWhenTheBrokerNeverAnswersTheClose(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	amqpURL := testenv.AMQP(t)
+	u, _ := url.Parse(amqpURL)
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	isClose := func(b []byte) bool { // connection.close: a method frame on channel 0, class 10, method 50
+		return len(b) >= 11 && b[0] == 1 && b[1] == 0 && b[2] == 0 && bytes.Equal(b[7:11], []byte{0, 10, 0, 50})
+	}
+	proxy.BlackholeWhen(isClose)
+	d := &outbox.Dispatcher{DB: db, URL: u.String(), Name: t.Name(), Interval: 50 * time.Millisecond, Batch: 10, Log: zap.NewNop()}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		probe, err := dial(t, amqpURL).Channel()
+		if err != nil {
+			return false
+		}
+		defer probe.Close()
+		_, err = probe.QueueDeclarePassive(outbox.Queue, true, false, false, false, nil)
+		return err == nil
+	}, "the dispatcher never declared its queue")
+	start := time.Now()
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(broker.CloseTimeout + 5*time.Second):
+		t.Fatalf("the dispatcher still stopping after %v: its close waits for a broker that never answers", time.Since(start))
+	}
+}
