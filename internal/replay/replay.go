@@ -122,7 +122,7 @@ func (r *Replayer) replayOne(ctx context.Context, d deadletter.DeadLetter, opera
 	case pubErr != nil:
 		r.Store.RecordFailure(context.WithoutCancel(ctx), d.ID, operator, reason, pubErr.Error())
 	case published && err != nil:
-		return fmt.Errorf("published to %s, but not marked REPLAYED: %w", listener.MainQueue, err)
+		return fmt.Errorf("published to %s; marking it REPLAYED: %w", listener.MainQueue, err)
 	}
 	return err
 }
