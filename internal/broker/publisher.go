@@ -75,8 +75,9 @@ const MaxBatch = 256
 // then waits once for all their confirms (within the publisher's timeout).
 // errs[i] is nil only when msgs[i] was confirmed and not returned: a batch
 // whose publishing or confirm wait stops half way fails whole (some of it
-// may be stored, and is sent again by the caller: at least once). Each message must have its own MessageId:
-// a returned (unroutable) message is told by it.
+// may be stored, and is sent again by the caller: at least once). Each
+// message must have its own MessageId: a returned (unroutable) message is
+// told by it.
 func (p *Publisher) PublishBatch(ctx context.Context, exchange, key string, msgs []amqp.Publishing) (errs []error) {
 	errs = make([]error, len(msgs))
 	fail := func(from int, err error) []error {

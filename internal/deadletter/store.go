@@ -375,37 +375,28 @@ var ErrChanged = errors.New("changed since it was read")
 // is on its way and the row keeps its status: replayed again, the copy is
 // answered as a duplicate.
 func (s *Store) Replay(ctx context.Context, d DeadLetter, operator, reason, result string, publish func(context.Context) error) error {
-	return sqldb.InTx(ctx, s.db, func(tx *sqldb.Tx) error {
-		var row struct {
-			Status      Status `db:"status"`
-			ParkedCount int    `db:"parked_count"`
-		}
-		err := tx.GetContext(ctx, &row, "SELECT status, parked_count FROM t_dead_letter WHERE id = ? FOR UPDATE", d.ID)
+	asRead := func(st Status, parked int) error {
 		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			return fmt.Errorf("dead letter %d: %w", d.ID, ErrNotFound)
-		case err != nil:
-			return err
-		case row.Status != New && row.Status != Discarded:
-			return fmt.Errorf("dead letter %d is %s: %w", d.ID, row.Status, ErrWrongStatus)
-		case row.Status != d.Status || row.ParkedCount != d.ParkedCount:
+		case st != New && st != Discarded:
+			return fmt.Errorf("dead letter %d is %s: %w", d.ID, st, ErrWrongStatus)
+		case st != d.Status || parked != d.ParkedCount:
 			return fmt.Errorf("dead letter %d: %w (read %s, parked %d times; now %s, parked %d times)",
-				d.ID, ErrChanged, d.Status, d.ParkedCount, row.Status, row.ParkedCount)
+				d.ID, ErrChanged, d.Status, d.ParkedCount, st, parked)
 		}
-		if err := publish(ctx); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, "UPDATE t_dead_letter SET status = ?, updated_by = ?, reason = ? WHERE id = ?",
-			Replayed, operator, reason, d.ID); err != nil {
-			return err
-		}
-		return addEvent(ctx, tx, d.ID, EventReplayed, operator, reason, result, "", 0)
-	})
+		return nil
+	}
+	return s.transition(ctx, d.ID, Replayed, asRead, publish, EventReplayed, operator, reason, result)
 }
 
 // MarkDiscarded discards a NEW dead letter, with an audit event.
 func (s *Store) MarkDiscarded(ctx context.Context, id int64, operator, reason string) error {
-	return s.transition(ctx, id, Discarded, []Status{New}, EventDiscarded, operator, reason, "discarded")
+	isNew := func(st Status, _ int) error {
+		if st != New {
+			return fmt.Errorf("dead letter %d is %s: %w", id, st, ErrWrongStatus)
+		}
+		return nil
+	}
+	return s.transition(ctx, id, Discarded, isNew, nil, EventDiscarded, operator, reason, "discarded")
 }
 
 // RecordFailure writes an audit event for a replay that did not happen.
@@ -413,22 +404,31 @@ func (s *Store) RecordFailure(ctx context.Context, id int64, operator, reason, r
 	return addEvent(ctx, s.db, id, EventReplayFailed, operator, reason, result, "", 0)
 }
 
-func (s *Store) transition(ctx context.Context, id int64, to Status, from []Status, event, operator, reason, result string) error {
+// transition moves dead letter id to status to, with an audit event, in
+// one transaction that holds the row from allowed's check of its status
+// and parked count to the update; during, if not nil, runs in between (a
+// replay's publish) and its error rolls everything back.
+func (s *Store) transition(ctx context.Context, id int64, to Status, allowed func(st Status, parked int) error,
+	during func(context.Context) error, event, operator, reason, result string) error {
 	return sqldb.InTx(ctx, s.db, func(tx *sqldb.Tx) error {
-		var st Status
-		err := tx.GetContext(ctx, &st, "SELECT status FROM t_dead_letter WHERE id = ? FOR UPDATE", id)
+		var row struct {
+			Status      Status `db:"status"`
+			ParkedCount int    `db:"parked_count"`
+		}
+		err := tx.GetContext(ctx, &row, "SELECT status, parked_count FROM t_dead_letter WHERE id = ? FOR UPDATE", id)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("dead letter %d: %w", id, ErrNotFound)
 		}
 		if err != nil {
 			return err
 		}
-		ok := false
-		for _, f := range from {
-			ok = ok || st == f
+		if err := allowed(row.Status, row.ParkedCount); err != nil {
+			return err
 		}
-		if !ok {
-			return fmt.Errorf("dead letter %d is %s: %w", id, st, ErrWrongStatus)
+		if during != nil {
+			if err := during(ctx); err != nil {
+				return err
+			}
 		}
 		if _, err := tx.ExecContext(ctx, "UPDATE t_dead_letter SET status = ?, updated_by = ?, reason = ? WHERE id = ?",
 			to, operator, reason, id); err != nil {
