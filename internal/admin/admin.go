@@ -54,6 +54,10 @@ const cookieName = "paysvc_admin"
 
 type operatorKey struct{}
 
+// sessionKey carries the key of the request's session ("" when a bearer
+// token signed it in), found by auth.
+type sessionKey struct{}
+
 // operator is the signed-in operator of a request that passed auth.
 func operator(r *http.Request) string { s, _ := r.Context().Value(operatorKey{}).(string); return s }
 
@@ -84,12 +88,13 @@ func (s *Server) auth(next http.Handler) http.Handler {
 			http.Error(w, "admin pages are off: set admin.operators (PAYSVC_ADMIN_OPERATORS_FILE)", http.StatusNotFound)
 			return
 		}
-		name := ""
+		name, session := "", ""
 		if c, err := r.Cookie(cookieName); err == nil && s.Sessions != nil {
-			op, _, err := s.Sessions.Lookup(r.Context(), c.Value, s.Operators) // only with the token it signed in with
-			if err == nil {
-				name = op
-			} else if err != nil && !errors.Is(err, errNoSession) {
+			op, id, err := s.Sessions.Lookup(r.Context(), c.Value, s.Operators) // only with the token it signed in with
+			switch {
+			case err == nil:
+				name, session = op, id
+			case !errors.Is(err, errNoSession):
 				http.Error(w, "sessions: "+err.Error(), http.StatusServiceUnavailable)
 				return
 			}
@@ -106,7 +111,8 @@ func (s *Server) auth(next http.Handler) http.Handler {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), operatorKey{}, name)))
+		ctx := context.WithValue(r.Context(), operatorKey{}, name)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, sessionKey{}, session)))
 	})
 }
 
@@ -150,10 +156,8 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
-	if c, err := r.Cookie(cookieName); err == nil {
-		if _, id, err := s.Sessions.Lookup(r.Context(), c.Value, s.Operators); err == nil {
-			s.Sessions.Revoke(r.Context(), id, operator(r))
-		}
+	if id, _ := r.Context().Value(sessionKey{}).(string); id != "" {
+		s.Sessions.Revoke(r.Context(), id, operator(r))
 	}
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", MaxAge: -1})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
