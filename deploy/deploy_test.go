@@ -101,9 +101,32 @@ func drainTimeout(t *testing.T) time.Duration {
 	return d
 }
 
+// serviceLinkEnv is the names of the variables the kubelet gives a
+// container for a Service of its namespace when service links are on
+// (Docker links' convention: NAME_SERVICE_HOST, NAME_PORT_8080_TCP_ADDR, ...).
+func serviceLinkEnv(svc map[string]any) []string {
+	name, _ := get(svc, "metadata", "name").(string)
+	p := strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+	out := []string{p + "_SERVICE_HOST", p + "_SERVICE_PORT", p + "_PORT"}
+	ports, _ := get(svc, "spec", "ports").([]any)
+	for _, port := range ports {
+		proto, _ := get(port, "protocol").(string)
+		if proto == "" {
+			proto = "TCP"
+		}
+		if n, ok := get(port, "name").(string); ok {
+			out = append(out, p+"_SERVICE_PORT_"+strings.ToUpper(strings.ReplaceAll(n, "-", "_")))
+		}
+		base := fmt.Sprintf("%s_PORT_%v_%s", p, get(port, "port"), proto)
+		out = append(out, base, base+"_PROTO", base+"_PORT", base+"_ADDR")
+	}
+	return out
+}
+
 func TestKubernetesManifests(t *testing.T) {
 	known := knownEnv(t)
 	kinds := map[string]map[string]any{}
+	var services []map[string]any
 	files, _ := filepath.Glob("k8s/*.yaml")
 	for _, f := range files {
 		for _, d := range docs(t, f) {
@@ -112,6 +135,9 @@ func TestKubernetesManifests(t *testing.T) {
 			}
 			if k, _ := d["kind"].(string); k != "Kustomization" {
 				kinds[k] = d
+			}
+			if d["kind"] == "Service" {
+				services = append(services, d)
 			}
 		}
 	}
@@ -122,14 +148,31 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	dep := kinds["Deployment"]
 	pod := get(dep, "spec", "template", "spec")
+	// Unless enableServiceLinks is false, the kubelet gives every container
+	// variables for each Service of its namespace, and paysvc refuses an
+	// unknown PAYSVC_* variable: the Service paysvc-admin alone
+	// (PAYSVC_ADMIN_SERVICE_HOST, ...) would stop every pod at start-up.
+	if get(pod, "enableServiceLinks") != false {
+		for _, svc := range services {
+			for _, name := range serviceLinkEnv(svc) {
+				if strings.HasPrefix(name, "PAYSVC_") && !known[name] {
+					t.Errorf("the kubelet would give the pod %s (Service %v), which paysvc refuses: set enableServiceLinks: false",
+						name, get(svc, "metadata", "name"))
+				}
+			}
+		}
+	}
 	c := get(pod, "containers", 0)
 	grace, _ := get(pod, "terminationGracePeriodSeconds").(int)
 	preStop, _ := get(c, "lifecycle", "preStop", "sleep", "seconds").(int)
 	// Every bounded wait on the drain path after amqp.drainTimeout: stop
 	// intake, workers after the timeout, held acks, channel and connection
-	// close (5 s each, internal/listener), the helpers' notice batch (10 s
-	// confirm wait + 10 s mark, internal/outbox), the HTTP server (5 s).
-	const afterDrain = 5*5*time.Second + 20*time.Second + 5*time.Second
+	// close (5 s each, internal/listener), the admin publisher's close
+	// (broker.CloseTimeout), the helpers (the dispatcher's notice batch: 10 s
+	// confirm wait + 10 s mark + its connection's close 5 s,
+	// internal/outbox), the spans' last export (5 s, internal/tracing), the
+	// HTTP server (5 s).
+	const afterDrain = 5*5*time.Second + 5*time.Second + 25*time.Second + 5*time.Second + 5*time.Second
 	if need := time.Duration(preStop)*time.Second + drainTimeout(t) + afterDrain; time.Duration(grace)*time.Second < need || preStop == 0 {
 		t.Errorf("terminationGracePeriodSeconds %d must cover preStop %ds + drain timeout %s + the bounded waits after it (%s): %s",
 			grace, preStop, drainTimeout(t), afterDrain, need)
@@ -217,9 +260,38 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 }
 
+// readOnlyServicesTakeFileSecrets checks what Compose can create: it
+// writes a secret or config sourced from an environment variable or inline
+// content into the container when it creates it, so a read_only service
+// may take only file-sourced ones (Compose v2.33.1 and later refuse such a
+// service: "cannot create secret ... in read-only service ...: `file` is
+// the sole supported option"; older ones fail at the Docker daemon).
+func readOnlyServicesTakeFileSecrets(t *testing.T, file string, d map[string]any) {
+	t.Helper()
+	services, _ := d["services"].(map[string]any)
+	for name, svc := range services {
+		if get(svc, "read_only") != true {
+			continue
+		}
+		for _, kind := range []string{"secrets", "configs"} {
+			refs, _ := get(svc, kind).([]any)
+			for _, ref := range refs {
+				source, _ := ref.(string)
+				if source == "" {
+					source, _ = get(ref, "source").(string)
+				}
+				if get(d, kind, source, "file") == nil {
+					t.Errorf("%s: service %s is read_only but takes %s %s from no file: Compose cannot create it", file, name, kind, source)
+				}
+			}
+		}
+	}
+}
+
 func TestCompose(t *testing.T) {
 	known := knownEnv(t)
 	d := docs(t, "compose.yaml")[0]
+	readOnlyServicesTakeFileSecrets(t, "compose.yaml", d)
 	services, _ := d["services"].(map[string]any)
 	for _, s := range []string{"mysql", "redis", "rabbitmq", "migrate", "paysvc-1", "paysvc-2"} {
 		if services[s] == nil {
@@ -244,8 +316,8 @@ func TestCompose(t *testing.T) {
 				t.Errorf("%s sets %s, which paysvc does not know", s, name)
 			}
 		}
-		if get(services[s], "read_only") != true || get(services[s], "cap_drop", 0) != "ALL" {
-			t.Errorf("%s: want read_only and cap_drop ALL", s)
+		if get(services[s], "cap_drop", 0) != "ALL" {
+			t.Errorf("%s: want cap_drop ALL", s)
 		}
 		if test, _ := get(services[s], "healthcheck", "test").([]any); len(test) < 3 || test[1] != "/paysvc" || test[2] != "healthcheck" {
 			t.Errorf("%s: want a healthcheck running paysvc healthcheck, got %v", s, get(services[s], "healthcheck"))
@@ -346,6 +418,7 @@ func TestDockerfileBuildsTheSameBinary(t *testing.T) {
 func TestComposeCluster(t *testing.T) {
 	known := knownEnv(t)
 	d := docs(t, "compose.cluster.yaml")[0]
+	readOnlyServicesTakeFileSecrets(t, "compose.cluster.yaml", d)
 	services, _ := d["services"].(map[string]any)
 	conf, _ := get(d, "configs", "rabbitmq_conf", "content").(string)
 	for _, n := range []string{"rabbit-1", "rabbit-2", "rabbit-3"} {
