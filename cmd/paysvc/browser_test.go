@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -412,5 +415,99 @@ func TestAdminSessionsEndAndAreRevoked(t *testing.T) {
 	resp.Body.Close()
 	if !strings.Contains(resp.Header.Get("Location"), "error") {
 		t.Fatalf("sign-in with a wrong token: %d %s", resp.StatusCode, resp.Header.Get("Location"))
+	}
+}
+
+// An operator's replay or discard acts on the row as their page showed it:
+// Bob discards a dead letter while Alice has its page open; her replay,
+// single or bulk, is refused and nothing is charged. So is a form that
+// does not say what its page showed.
+func TestAdminActsOnlyOnTheRowItsPageShowed(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (62, 1.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('SE1', 62, 5.00), ('SE2', 62, 6.00)")
+	addr, _ := w.daemonInProcess("PAYSVC_RETRY_MAXATTEMPTS=0")
+	base := "http://" + addr
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("SE1", 62, "5.00"), payment("SE2", 62, "6.00"))
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_dead_letter WHERE status = 'NEW'") == 2
+	}, "the two payments were not parked")
+	w.db.MustExec("UPDATE t_account SET balance = 100.00 WHERE user_id = 62")
+	id := func(order string) string {
+		var id string
+		if err := w.db.Get(&id, "SELECT id FROM t_dead_letter WHERE order_no = ?", order); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	seenRe := regexp.MustCompile(`name="seen" value="([^"]+)"`)
+	// do sends a form as token's operator and returns the response's
+	// status, redirect and body.
+	do := func(token, method, path, form string) (int, string, string) {
+		t.Helper()
+		req, _ := newRequest(method, base+path, form)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := noRedirect().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Location"), string(body)
+	}
+	seenOn := func(body string) []string {
+		var out []string
+		for _, m := range seenRe.FindAllStringSubmatch(body, -1) {
+			out = append(out, m[1])
+		}
+		return out
+	}
+
+	// The page: Alice reads it, Bob discards the row, Alice replays.
+	one := id("SE1")
+	_, _, page := do(adminToken, "GET", "/dlq/"+one, "")
+	aliceSaw := seenOn(page)
+	_, _, page = do(bobToken, "GET", "/dlq/"+one, "")
+	if len(aliceSaw) != 2 || aliceSaw[0] != "NEW:1" {
+		t.Fatalf("the page's forms carry %v, want NEW:1 in both", aliceSaw)
+	}
+	if _, loc, _ := do(bobToken, "POST", "/dlq/"+one+"/discard", "reason=cancelled&seen="+seenOn(page)[1]); !strings.Contains(loc, "discarded") {
+		t.Fatalf("bob's discard: %s", loc)
+	}
+	_, loc, _ := do(adminToken, "POST", "/dlq/"+one+"/replay", "reason=topped+up&seen="+url.QueryEscape(aliceSaw[0]))
+	if !strings.Contains(loc, url.QueryEscape("changed since it was read")) {
+		t.Fatalf("a replay of a row discarded since the page was read: %s", loc)
+	}
+	// Without what the page showed, nothing is done either.
+	two := id("SE2")
+	if _, loc, _ := do(adminToken, "POST", "/dlq/"+two+"/replay", "reason=topped+up"); !strings.Contains(loc, "reload") {
+		t.Fatalf("a replay without seen: %s", loc)
+	}
+
+	// The bulk path: Alice's dry run, Bob's discard, Alice's confirmation.
+	_, _, dry := do(adminToken, "POST", "/dlq/bulk", "action=replay&id="+two)
+	shown := seenOn(dry)
+	if len(shown) != 1 || shown[0] != two+":NEW:1" {
+		t.Fatalf("the dry run's confirmation carries %v", shown)
+	}
+	_, _, page = do(bobToken, "GET", "/dlq/"+two, "")
+	do(bobToken, "POST", "/dlq/"+two+"/discard", "reason=cancelled&seen="+seenOn(page)[1])
+	_, _, result := do(adminToken, "POST", "/dlq/bulk", "action=replay&confirm=1&reason=topped+up&id="+two+"&seen="+url.QueryEscape(shown[0]))
+	if !strings.Contains(result, "changed since it was read") {
+		t.Fatalf("a bulk replay of a row discarded since the dry run: %s", result)
+	}
+	if code, _, _ := do(adminToken, "POST", "/dlq/bulk", "action=replay&confirm=1&reason=topped+up&id="+two); code != http.StatusBadRequest {
+		t.Fatalf("a bulk confirmation without seen: %d, want 400", code)
+	}
+
+	if n := w.count("SELECT COUNT(*) FROM t_dead_letter WHERE status = 'DISCARDED'"); n != 2 {
+		t.Fatalf("%d rows DISCARDED, want both kept", n)
+	}
+	if n := w.count("SELECT COUNT(*) FROM t_dead_letter_event WHERE event = 'REPLAYED'"); n != 0 {
+		t.Fatalf("%d replays recorded", n)
+	}
+	if n := w.count("SELECT COUNT(*) FROM t_order WHERE status = 'PAID'"); n != 0 {
+		t.Fatalf("%d discarded payments charged", n)
 	}
 }

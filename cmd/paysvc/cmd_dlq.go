@@ -303,7 +303,7 @@ func dlqDiscard(fs *flag.FlagSet) runFunc {
 		}
 		operator := c.operator(act.operator)
 		for _, d := range rows {
-			if err := store.MarkDiscarded(ctx, d.ID, operator, act.reason); err != nil {
+			if err := store.MarkDiscarded(ctx, d, operator, act.reason); err != nil {
 				return err
 			}
 			fmt.Fprintf(c.out, "dead letter %d (%s) discarded by %s\n", d.ID, dash(d.Order()), operator)

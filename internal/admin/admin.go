@@ -256,16 +256,42 @@ func (s *Server) show(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	s.render(w, "show.html", map[string]any{"D": d, "Events": events, "Body": string(d.Body), "Siblings": siblings,
+	s.render(w, "show.html", map[string]any{"D": d, "Seen": seen(d), "Events": events, "Body": string(d.Body), "Siblings": siblings,
 		"Prediction": s.Replayer.Predict(r.Context(), d), "Msg": r.URL.Query().Get("msg"), "Operator": operator(r)})
 }
 
-// target reads the row and the reason of a replay or discard; the operator
-// is the one signed in, never a form field.
+// seen is what a page showed of a dead letter, carried by its forms: its
+// status and how many times it was parked ("NEW:2").
+func seen(d deadletter.DeadLetter) string { return fmt.Sprintf("%s:%d", d.Status, d.ParkedCount) }
+
+// asSeen is d as the operator's page showed it (seen's value): the store
+// replays or discards it only if the row is still so once locked, never a
+// row another operator discarded or replayed, or that failed again, since
+// the page was read.
+func asSeen(d deadletter.DeadLetter, value string) (deadletter.DeadLetter, bool) {
+	st, n, ok := strings.Cut(value, ":")
+	parked, err := strconv.Atoi(n)
+	if !ok || err != nil || st == "" {
+		return d, false
+	}
+	d.Status, d.ParkedCount = deadletter.Status(st), parked
+	return d, true
+}
+
+// errUnseen: a form that does not say what its page showed.
+const errUnseen = "the form does not say what the page showed (seen): reload the page and act on what it shows"
+
+// target reads the row and the reason of a replay or discard, the row as
+// the operator's page showed it; the operator is the one signed in, never
+// a form field.
 func (s *Server) target(w http.ResponseWriter, r *http.Request) (deadletter.DeadLetter, string, string, bool) {
 	reason := strings.TrimSpace(r.FormValue("reason"))
 	d, _, ok := s.get(w, r)
 	if !ok {
+		return d, "", "", false
+	}
+	if d, ok = asSeen(d, r.FormValue("seen")); !ok {
+		s.back(w, r, d.ID, errUnseen)
 		return d, "", "", false
 	}
 	if reason == "" {
@@ -305,7 +331,7 @@ func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	msg := "discarded"
-	if err := s.Store.MarkDiscarded(r.Context(), d.ID, operator, reason); err != nil {
+	if err := s.Store.MarkDiscarded(r.Context(), d, operator, reason); err != nil {
 		msg = "discard failed: " + err.Error()
 	}
 	s.Log.Info("admin: discard", zap.Int64("dead_letter_id", d.ID), zap.String("operator", operator),
@@ -351,10 +377,12 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 			rows = append(rows, d)
 		}
 	}
+	var seenRows []string
 	for _, d := range rows {
 		ids = append(ids, strconv.FormatInt(d.ID, 10))
+		seenRows = append(seenRows, strconv.FormatInt(d.ID, 10)+":"+seen(d))
 	}
-	data := map[string]any{"Action": action, "Class": class, "IDs": ids, "Reason": reason, "Operator": operator(r)}
+	data := map[string]any{"Action": action, "Class": class, "IDs": ids, "Seen": seenRows, "Reason": reason, "Operator": operator(r)}
 	type line struct {
 		ID      int64
 		OrderNo string
@@ -378,6 +406,21 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 		s.render(w, "bulk.html", data)
 		return
 	}
+	// The confirmation acts on the rows as the dry run showed them (seen:
+	// "ID:STATUS:PARKED" each), not as they are now.
+	shown := map[string]string{}
+	for _, v := range r.Form["seen"] {
+		if id, rest, ok := strings.Cut(v, ":"); ok {
+			shown[id] = rest
+		}
+	}
+	for i, d := range rows {
+		var ok bool
+		if rows[i], ok = asSeen(d, shown[strconv.FormatInt(d.ID, 10)]); !ok {
+			http.Error(w, fmt.Sprintf("dead letter %d: %s", d.ID, errUnseen), http.StatusBadRequest)
+			return
+		}
+	}
 	op := operator(r)
 	if action == "replay" {
 		res, err := s.Replayer.Replay(r.Context(), rows, op, reason, false)
@@ -394,7 +437,7 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 	} else {
 		for _, d := range rows {
 			outcome := "discarded"
-			if err := s.Store.MarkDiscarded(r.Context(), d.ID, op, reason); err != nil {
+			if err := s.Store.MarkDiscarded(r.Context(), d, op, reason); err != nil {
 				outcome = "failed: " + err.Error()
 			}
 			lines = append(lines, line{d.ID, d.Order(), d.ErrorClass, outcome})

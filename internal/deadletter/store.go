@@ -388,15 +388,22 @@ func (s *Store) Replay(ctx context.Context, d DeadLetter, operator, reason, resu
 	return s.transition(ctx, d.ID, Replayed, asRead, publish, EventReplayed, operator, reason, result)
 }
 
-// MarkDiscarded discards a NEW dead letter, with an audit event.
-func (s *Store) MarkDiscarded(ctx context.Context, id int64, operator, reason string) error {
-	isNew := func(st Status, _ int) error {
-		if st != New {
-			return fmt.Errorf("dead letter %d is %s: %w", id, st, ErrWrongStatus)
+// MarkDiscarded discards dead letter d, with an audit event. It must be
+// NEW, and still as d has it (parked as many times): a row replayed and
+// parked again since it was read failed anew, which its reader never saw,
+// and the error wraps ErrChanged.
+func (s *Store) MarkDiscarded(ctx context.Context, d DeadLetter, operator, reason string) error {
+	asRead := func(st Status, parked int) error {
+		switch {
+		case st != New:
+			return fmt.Errorf("dead letter %d is %s: %w", d.ID, st, ErrWrongStatus)
+		case st != d.Status || parked != d.ParkedCount:
+			return fmt.Errorf("dead letter %d: %w (read %s, parked %d times; now %s, parked %d times)",
+				d.ID, ErrChanged, d.Status, d.ParkedCount, st, parked)
 		}
 		return nil
 	}
-	return s.transition(ctx, id, Discarded, isNew, nil, EventDiscarded, operator, reason, "discarded")
+	return s.transition(ctx, d.ID, Discarded, asRead, nil, EventDiscarded, operator, reason, "discarded")
 }
 
 // RecordFailure writes an audit event for a replay that did not happen.

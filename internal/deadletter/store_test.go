@@ -54,7 +54,7 @@ func TestParkReplayPark(t *testing.T) {
 	if err := s.Replay(ctx, read, "alice", "topped up", "published", func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.MarkDiscarded(ctx, id, "bob", "x"); err == nil {
+	if err := s.MarkDiscarded(ctx, read, "bob", "x"); !errors.Is(err, deadletter.ErrWrongStatus) {
 		t.Fatal("discarded a REPLAYED row")
 	}
 	_, isNew, err = s.Park(ctx, parked("D1", t0.Add(time.Hour)))
@@ -261,7 +261,7 @@ func TestReplayRefusesARowChangedSinceItWasRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.MarkDiscarded(ctx, discarded, "bob", "customer cancelled"); err != nil {
+	if err := s.MarkDiscarded(ctx, read, "bob", "customer cancelled"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Replay(ctx, read, "alice", "topped up", "published", publish); !errors.Is(err, deadletter.ErrChanged) {
@@ -286,6 +286,9 @@ func TestReplayRefusesARowChangedSinceItWasRead(t *testing.T) {
 	}
 	if published != 0 {
 		t.Fatalf("published %d copies of rows that changed", published)
+	}
+	if err := s.MarkDiscarded(ctx, read, "bob", "customer cancelled"); !errors.Is(err, deadletter.ErrChanged) {
+		t.Fatalf("discard of a row parked again since it was read: %v, want ErrChanged", err)
 	}
 	// Read afresh, the same row replays.
 	if read, _, err = s.Get(ctx, reparked); err != nil {
