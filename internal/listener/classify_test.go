@@ -35,6 +35,11 @@ func TestClassify(t *testing.T) {
 		{wrap(netErr), Unavailable, ClassMySQLUnavailable},
 		{wrap(driver.ErrBadConn), Unavailable, ClassMySQLUnavailable},
 		{wrap(&mysql.MySQLError{Number: 1927, Message: "Connection was killed"}), Unavailable, ClassMySQLUnavailable},
+		// The server refusing the pool's new connection: an outage, held,
+		// not an attempt spent in a wait queue.
+		{wrap(&mysql.MySQLError{Number: 1040, Message: "Too many connections"}), Unavailable, ClassMySQLUnavailable},
+		{wrap(&mysql.MySQLError{Number: 1203, Message: "User already has more than 'max_user_connections'"}), Unavailable, ClassMySQLUnavailable},
+		{wrap(&mysql.MySQLError{Number: 3032, Message: "The server is currently in offline mode"}), Unavailable, ClassMySQLUnavailable},
 		{wrap(order.ErrNotFound), Retryable, ClassOrderNotFound},
 		{wrap(account.ErrInsufficientBalance), Retryable, ClassBalance},
 		{wrap(account.ErrNoAccount), Retryable, ClassNoAccount},

@@ -215,6 +215,16 @@ const (
 	errConnKilled     = 1927 // MariaDB: ER_CONNECTION_KILLED
 	errReadOnly       = 1290 // --read-only: a failed-over primary
 	errReadOnlyTx     = 1792
+	// A server refusing a new connection: a pool dials now and then (a
+	// connection's lifetime ends, one was discarded), and that dial can
+	// meet these while pooled connections still answer.
+	errTooManyConns     = 1040
+	errHostBlocked      = 1129
+	errTooManyUserConns = 1203
+	errUserLimit        = 1226 // a user's own MAX_USER_CONNECTIONS (or queries, updates) per hour
+	errNodeNotReady     = 1047 // Galera: WSREP has not yet prepared the node
+	errOfflineMode      = 3032 // MySQL: offline_mode
+	errIdleDisconnect   = 4031 // MySQL 8.0.24+: disconnected after inactivity
 )
 
 func code(err error) uint16 {
@@ -237,9 +247,10 @@ func IsDeadlock(err error) bool { return code(err) == errDeadlock }
 // back the transaction, and try again later rather than at once.
 func IsLockWait(err error) bool { return code(err) == errLockWait }
 
-// IsConnection reports a lost or refused connection, a killed connection or
-// query, or a server that is shutting down or read-only: the server, not the
-// data, is the problem.
+// IsConnection reports a lost or refused connection (refused by the
+// network or by the server: too many connections, a blocked host, offline
+// mode), a killed connection or query, or a server that is shutting down or
+// read-only: the server, not the data, is the problem.
 func IsConnection(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		// Our own deadline, not the server's fault: context.DeadlineExceeded
@@ -247,7 +258,8 @@ func IsConnection(err error) bool {
 		return false
 	}
 	switch code(err) {
-	case errServerShutdown, errQueryKilled, errConnKilled, errReadOnly, errReadOnlyTx:
+	case errServerShutdown, errQueryKilled, errConnKilled, errReadOnly, errReadOnlyTx,
+		errTooManyConns, errHostBlocked, errTooManyUserConns, errUserLimit, errNodeNotReady, errOfflineMode, errIdleDisconnect:
 		return true
 	}
 	var netErr net.Error
@@ -272,13 +284,23 @@ func IsSchemaOrPermission(err error) bool {
 }
 
 // IsDataRejected reports a server error about the values written (too
-// long, not valid in the character set, out of range, against a CHECK
-// constraint...): writing the same values again fails again, while other
-// values would go through. Connection, lock, schema and permission errors
-// are not data errors.
+// long, not valid in the character set, out of range, NULL where none may
+// be, against a CHECK constraint or a foreign key): writing the same
+// values again fails again, while other values would go through. Only
+// these codes: any other (a full disk, too many connections, a statement
+// timeout) is the server's state, and the same write may go through later.
 func IsDataRejected(err error) bool {
-	return code(err) != 0 && !IsDeadlock(err) && !IsLockWait(err) && !IsDuplicateKey(err) &&
-		!IsConnection(err) && !IsSchemaOrPermission(err)
+	switch code(err) {
+	case 1048, // a NULL in a NOT NULL column
+		1263, 1264, 1265, 1690, // out of range, truncated
+		1292, 1300, 1366, 1367, 1411, // a value not valid for its column or character set
+		1406,       // too long
+		1451, 1452, // a foreign key
+		3140,       // not valid JSON (MySQL)
+		3819, 4025: // a CHECK constraint (MySQL, MariaDB)
+		return true
+	}
+	return false
 }
 
 // Transient reports an error worth retrying the whole transaction in place

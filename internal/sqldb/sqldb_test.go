@@ -2,9 +2,12 @@ package sqldb_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/testenv"
@@ -59,5 +62,47 @@ func TestInTxRollsBackOnError(t *testing.T) {
 	db.Get(&bal, "SELECT balance FROM t_account WHERE user_id = 1")
 	if !errors.Is(err, boom) || bal != "10.00" {
 		t.Fatalf("InTx = %v, balance %s; want boom and 10.00", err, bal)
+	}
+}
+
+// The server's own errors, sorted: a value the table refuses is a data
+// error (writing it again fails again); a server refusing a new connection
+// (max_user_connections here) is a connection problem, held as an outage,
+// and never a data error.
+func TestServerErrorsSorted(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	ctx := context.Background()
+	_, err := db.ExecContext(ctx, "INSERT INTO t_account (user_id, balance) VALUES (1, 1234567890123456789012345.00)")
+	if err == nil || !sqldb.IsDataRejected(err) || sqldb.IsConnection(err) {
+		t.Fatalf("an out-of-range balance: %v; want a data error", err)
+	}
+
+	user := "ms_" + testenv.Name(t)[len(testenv.Name(t))-8:]
+	db.MustExec("CREATE USER '" + user + "'@'%' IDENTIFIED BY 'pw' WITH MAX_USER_CONNECTIONS 1")
+	t.Cleanup(func() { db.Exec("DROP USER IF EXISTS '" + user + "'@'%'") })
+	db.MustExec("GRANT SELECT ON *.* TO '" + user + "'@'%'")
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Passwd = user, "pw"
+	limited, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer limited.Close()
+	held, err := limited.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	second, err := limited.Conn(ctx)
+	if err == nil {
+		second.Close()
+		t.Fatal("a second connection past MAX_USER_CONNECTIONS 1 was accepted")
+	}
+	if !sqldb.IsConnection(err) || sqldb.IsDataRejected(err) {
+		t.Fatalf("a connection refused by max_user_connections: %v; want a connection error, not a data error", err)
 	}
 }
