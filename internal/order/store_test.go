@@ -118,6 +118,26 @@ func TestDeductUniqueIndexRefusesSecondFlow(t *testing.T) {
 	}
 }
 
+// A unique index other than the flow's refusing a write is not a duplicate
+// payment, even when the order number holds the flow index's name (the
+// error quotes the entry before the key): the payment must not be dropped
+// as already paid.
+func TestPayTellsTheFlowIndexByName(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	ctx := context.Background()
+	const no = "Xuk_biz_no_type1"
+	seed(t, db, no, 8, "10.00", "100.00")
+	db.MustExec("INSERT INTO t_outbox (event_type, biz_no, payload) VALUES ('PAYMENT_SUCCEEDED', ?, '{}')", no)
+	err := order.NewStore(db).Pay(ctx, pay(no, 8, 1000))
+	if err == nil || errors.Is(err, account.ErrDuplicateFlow) {
+		t.Fatalf("Pay refused by the notice's index: %v, want an error that is not ErrDuplicateFlow", err)
+	}
+	if got := read(t, db, no, 8); got.Flows != 0 || got.Status != "INIT" {
+		t.Fatalf("got %+v, want the order INIT and no flow", got)
+	}
+}
+
 // The conditional update on its own: a balance that does not cover the
 // amount rolls back everything.
 func TestPayInsufficientBalanceChangesNothing(t *testing.T) {

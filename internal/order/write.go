@@ -212,9 +212,8 @@ func (s *Store) paySet(ctx context.Context, ps []Payment) (committed bool, err e
 // why.
 func (s *Store) payAlone(ctx context.Context, p Payment) error {
 	committed, err := s.paySet(ctx, []Payment{p})
-	var me *mysql.MySQLError
 	switch {
-	case err != nil && sqldb.IsDuplicateKey(err) && errors.As(err, &me) && strings.Contains(me.Message, "uk_biz_no_type"):
+	case sqldb.DuplicateKey(err) == "uk_biz_no_type":
 		// A flow is booked already: paid before (check says how), or a
 		// flow without its order's CAS, which only a legacy path leaves.
 		if err := check(ctx, s.db, p); err != nil {

@@ -238,6 +238,27 @@ func code(err error) uint16 {
 // IsDuplicateKey reports a unique-index violation (1062).
 func IsDuplicateKey(err error) bool { return code(err) == errDupEntry }
 
+// DuplicateKey is the name of the unique index a 1062 names ("" for any
+// other error): the end of "Duplicate entry '...' for key 'name'" (MySQL 8
+// writes 'table.name'). Read from the end: the entry before it is data,
+// and may itself hold an index's name.
+func DuplicateKey(err error) string {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) || me.Number != errDupEntry {
+		return ""
+	}
+	const marker = " for key '"
+	i := strings.LastIndex(me.Message, marker)
+	if i < 0 || !strings.HasSuffix(me.Message, "'") {
+		return ""
+	}
+	name := me.Message[i+len(marker) : len(me.Message)-1]
+	if dot := strings.LastIndexByte(name, '.'); dot >= 0 {
+		name = name[dot+1:]
+	}
+	return name
+}
+
 // IsDeadlock reports a deadlock (1213): InnoDB rolled the transaction back
 // at once, and running it again as a whole usually succeeds.
 func IsDeadlock(err error) bool { return code(err) == errDeadlock }

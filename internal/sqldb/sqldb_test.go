@@ -106,3 +106,21 @@ func TestServerErrorsSorted(t *testing.T) {
 		t.Fatalf("a connection refused by max_user_connections: %v; want a connection error, not a data error", err)
 	}
 }
+
+func TestDuplicateKeyName(t *testing.T) {
+	for msg, want := range map[string]string{
+		"Duplicate entry 'P1-PAY_DEDUCT' for key 'uk_biz_no_type'":                         "uk_biz_no_type",
+		"Duplicate entry 'P1-PAY_DEDUCT' for key 't_account_flow.uk_biz_no_type'":          "uk_biz_no_type",
+		"Duplicate entry 'Xuk_biz_no_type1-PAYMENT_SUCCEEDED' for key 'uk_biz_no_event'":   "uk_biz_no_event",
+		"Duplicate entry 'x' for key 'uk_biz_no_type'' for key 't_outbox.uk_biz_no_event'": "uk_biz_no_event",
+		"Duplicate entry 'x' for key 'PRIMARY'":                                            "PRIMARY",
+		"something else":                                                                   "",
+	} {
+		if got := sqldb.DuplicateKey(&mysql.MySQLError{Number: 1062, Message: msg}); got != want {
+			t.Errorf("DuplicateKey(%q) = %q, want %q", msg, got, want)
+		}
+	}
+	if got := sqldb.DuplicateKey(&mysql.MySQLError{Number: 1406, Message: "for key 'uk_biz_no_type'"}); got != "" {
+		t.Errorf("DuplicateKey of a 1406 = %q, want none", got)
+	}
+}
