@@ -70,19 +70,14 @@ var ErrFixRunning = errors.New("reconcile: another run with --fix holds the lock
 func Run(ctx context.Context, db *sqlx.DB, o Options) (Report, error) {
 	var r Report
 	if o.Fix {
-		conn, err := db.Connx(ctx)
-		if err != nil {
-			return r, fmt.Errorf("reconcile: %w", err)
-		}
-		defer conn.Close()
-		var got int
-		if err := conn.GetContext(ctx, &got, "SELECT COALESCE(GET_LOCK(?, ?), 0)", fixLock, int(fixLockWait/time.Second)); err != nil {
-			return r, fmt.Errorf("reconcile: lock: %w", err)
-		}
-		if got != 1 {
+		_, release, err := sqldb.Lock(ctx, db, fixLock, fixLockWait)
+		if errors.Is(err, sqldb.ErrLocked) {
 			return r, ErrFixRunning
 		}
-		defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", fixLock)
+		if err != nil {
+			return r, fmt.Errorf("reconcile: lock: %w", err)
+		}
+		defer release()
 	}
 	if err := duplicates(ctx, db, o, &r); err != nil {
 		return r, err

@@ -2,6 +2,7 @@ package sqldb
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -124,19 +125,14 @@ const createVersions = `CREATE TABLE IF NOT EXISTS schema_migrations (
 // race. It is safe to re-run. It returns the names it applied, then checks the
 // schema's guards (CheckSchema).
 func Migrate(ctx context.Context, db *sqlx.DB, ms []Migration) ([]string, error) {
-	conn, err := db.Connx(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	var got int
-	if err := conn.GetContext(ctx, &got, "SELECT COALESCE(GET_LOCK('paysvc.migrate', 60), 0)"); err != nil {
-		return nil, fmt.Errorf("migrate lock: %w", err)
-	}
-	if got != 1 {
+	conn, release, err := Lock(ctx, db, "paysvc.migrate", 60*time.Second)
+	if errors.Is(err, ErrLocked) {
 		return nil, fmt.Errorf("migrate lock: another migration holds 'paysvc.migrate'")
 	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK('paysvc.migrate')")
+	if err != nil {
+		return nil, fmt.Errorf("migrate lock: %w", err)
+	}
+	defer release()
 
 	if _, err := conn.ExecContext(ctx, createVersions); err != nil {
 		return nil, fmt.Errorf("create schema_migrations: %w", err)

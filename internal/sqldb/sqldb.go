@@ -335,6 +335,43 @@ func Transient(err error) bool {
 	return IsDeadlock(err) || IsConnection(err)
 }
 
+// ErrLocked: another connection held the named lock for the whole wait.
+var ErrLocked = errors.New("the named lock is held elsewhere")
+
+// lockIdleTimeout is the idle timeout of a connection that holds a named
+// lock: longer than any run that holds one.
+const lockIdleTimeout = 24 * time.Hour
+
+// Lock takes the named lock name (GET_LOCK) on a connection of its own,
+// waiting up to wait (ErrLocked after it), and returns that connection and
+// the lock's release, which also returns the connection. The connection's
+// idle timeout is raised first: on MySQL, OpenWith bounds every
+// connection's idle time (wait_timeout), and a holder that works on other
+// connections meanwhile would lose the connection, and with it the lock,
+// without a word.
+func Lock(ctx context.Context, db *sqlx.DB, name string, wait time.Duration) (*sqlx.Conn, func(), error) {
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var got int
+	_, err = conn.ExecContext(ctx, "SET SESSION wait_timeout = ?", int(lockIdleTimeout/time.Second))
+	if err == nil {
+		err = conn.GetContext(ctx, &got, "SELECT COALESCE(GET_LOCK(?, ?), 0)", name, int(wait/time.Second))
+	}
+	if err == nil && got != 1 {
+		err = ErrLocked
+	}
+	if err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	return conn, func() {
+		conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", name)
+		conn.Close()
+	}, nil
+}
+
 // DB is the pool type the stores use.
 type DB = sqlx.DB
 

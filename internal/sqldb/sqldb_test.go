@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/testenv"
@@ -122,5 +123,48 @@ func TestDuplicateKeyName(t *testing.T) {
 	}
 	if got := sqldb.DuplicateKey(&mysql.MySQLError{Number: 1406, Message: "for key 'uk_biz_no_type'"}); got != "" {
 		t.Errorf("DuplicateKey of a 1406 = %q, want none", got)
+	}
+}
+
+// A named lock outlives its connection's idle timeout: on MySQL, OpenWith
+// sets wait_timeout to the idle-transaction bound on every connection, and
+// a holder working on other connections would otherwise lose the lock
+// without a word (wait_timeout 1 s here, in the DSN, on MariaDB too).
+func TestLockOutlivesTheIdleTimeout(t *testing.T) {
+	t.Parallel()
+	dsn, plain := testenv.MySQL(t)
+	ctx := context.Background()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["wait_timeout"] = "1" // OpenWith refuses it in a DSN: a plain pool
+	db, err := sqlx.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	name := "paysvc.test." + testenv.Name(t)
+	_, release, err := sqldb.Lock(ctx, db, name, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	// Past the idle timeout (the server closes an idle connection after
+	// it, and frees its locks), the lock is still held.
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		var free int
+		if err := plain.Get(&free, "SELECT IS_FREE_LOCK(?)", name); err != nil {
+			t.Fatal(err)
+		}
+		if free == 1 {
+			t.Fatal("the lock was freed while held: its connection idled out")
+		}
+	}
+	if _, _, err := sqldb.Lock(ctx, db, name, 0); !errors.Is(err, sqldb.ErrLocked) {
+		t.Fatalf("a second Lock: %v, want ErrLocked", err)
 	}
 }
