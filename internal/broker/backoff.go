@@ -28,6 +28,22 @@ func (b *Backoff) Next() time.Duration {
 // Reset starts again from the shortest wait.
 func (b *Backoff) Reset() { b.last = 0 }
 
+// StableSession is how long a session must have lasted for its end to be a
+// failure of its own, not one more of a series: the wait before the next
+// reconnect starts again from the shortest.
+const StableSession = time.Minute
+
+// AfterSession returns the wait before reconnecting after a session that
+// started at started: the next wait, or the shortest again after a stable
+// session. Without it, a long-lived process's every reconnect would wait
+// the longest once enough short outages had added up.
+func (b *Backoff) AfterSession(started time.Time) time.Duration {
+	if time.Since(started) >= StableSession {
+		b.Reset()
+	}
+	return b.Next()
+}
+
 // Sleep waits d or until ctx ends; it reports whether d passed.
 func Sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)

@@ -200,10 +200,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			first = false
 		}
 		c.m.Reconnects.WithLabelValues("consumer").Inc()
-		if time.Since(started) > stableSession {
-			bo.Reset()
-		}
-		wait := bo.Next()
+		wait := bo.AfterSession(started)
 		c.log.Error("amqp session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
 		if !broker.Sleep(ctx, wait) {
 			return nil
@@ -262,7 +259,3 @@ const probeTimeout = 3 * time.Second
 
 // probeShared is how long dependenciesUp's answer serves other callers.
 const probeShared = time.Second
-
-// stableSession is how long a session must have lasted for its end to
-// reset the reconnect backoff.
-const stableSession = time.Minute

@@ -62,10 +62,7 @@ func (p *Parker) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if time.Since(started) > stableSession {
-			bo.Reset()
-		}
-		wait := bo.Next()
+		wait := bo.AfterSession(started)
 		p.Log.Warn("parker: session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
 		if !broker.Sleep(ctx, wait) {
 			return

@@ -63,11 +63,12 @@ func (d *Dispatcher) Offer(orderNos []string) {
 func (d *Dispatcher) Run(ctx context.Context) {
 	bo := broker.Backoff{Max: 30 * time.Second}
 	for ctx.Err() == nil {
+		started := time.Now()
 		err := d.session(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		wait := bo.Next()
+		wait := bo.AfterSession(started)
 		d.Log.Warn("outbox dispatcher: retrying", zap.Error(err), zap.Duration("backoff", wait))
 		if !broker.Sleep(ctx, wait) {
 			return
