@@ -10,14 +10,18 @@
 # as arguments (which other users can read in the process list):
 #   APP_PASSWORD, MIGRATE_PASSWORD (mysql), RABBITMQ_PASSWORD, REDIS_PASSWORD
 # Names, with their defaults:
-#   PAYSVC_DB=paysvc APP_USER=paysvc APP_HOST=% MIGRATE_USER=paysvc_migrate
+#   MYSQL_DATABASE=paysvc APP_USER=paysvc APP_HOST=% MIGRATE_USER=paysvc_migrate
 #   RABBITMQ_VHOST=/ RABBITMQ_USER=paysvc
 #   REDIS_USER=paysvc REDIS_KEY_PREFIX=mq:consumed:pay_success:
 # Admin access: MYSQL="mariadb -uroot" REDIS_CLI="redis-cli"; rabbitmqctl as root.
-# Run the mysql part after `paysvc migrate` (it grants on existing tables).
+# The mysql part creates the database and both users; the daemon's grants
+# need its tables, so on a database not migrated yet run it again after
+# `paysvc migrate` (it says so, and names the tables it could not grant on).
 set -euo pipefail
 
-DB=${PAYSVC_DB:-paysvc}
+# MYSQL_DATABASE, not PAYSVC_DB: paysvc refuses PAYSVC_* names it does not
+# know, and both may be exported in one shell (PAYSVC_DB still works here).
+DB=${MYSQL_DATABASE:-${PAYSVC_DB:-paysvc}}
 APP_USER=${APP_USER:-paysvc}
 APP_HOST=${APP_HOST:-%}
 MIGRATE_USER=${MIGRATE_USER:-paysvc_migrate}
@@ -38,24 +42,42 @@ mysql_part() {
 	app="$(sql_quote "$APP_USER")@$(sql_quote "$APP_HOST")"
 	mig="$(sql_quote "$MIGRATE_USER")@$(sql_quote "$APP_HOST")"
 	$MYSQL <<SQL
+CREATE DATABASE IF NOT EXISTS \`$DB\` DEFAULT CHARACTER SET utf8mb4;
 CREATE USER IF NOT EXISTS $app IDENTIFIED BY $(sql_quote "$APP_PASSWORD");
 ALTER USER $app IDENTIFIED BY $(sql_quote "$APP_PASSWORD");
 CREATE USER IF NOT EXISTS $mig IDENTIFIED BY $(sql_quote "$MIGRATE_PASSWORD");
 ALTER USER $mig IDENTIFIED BY $(sql_quote "$MIGRATE_PASSWORD");
 GRANT ALL PRIVILEGES ON \`$DB\`.* TO $mig;
--- The daemon: no DELETE anywhere; flows and events are insert-only.
-GRANT SELECT, INSERT, UPDATE ON \`$DB\`.t_order TO $app;
-GRANT SELECT, INSERT, UPDATE ON \`$DB\`.t_account TO $app;
-GRANT SELECT, INSERT ON \`$DB\`.t_account_flow TO $app;
-GRANT SELECT, INSERT, UPDATE ON \`$DB\`.t_outbox TO $app;
-GRANT SELECT, INSERT, UPDATE ON \`$DB\`.t_dead_letter TO $app;
-GRANT SELECT, INSERT ON \`$DB\`.t_dead_letter_event TO $app;
-GRANT SELECT, INSERT ON \`$DB\`.t_payment_event TO $app;
-GRANT SELECT ON \`$DB\`.t_account_opening TO $app;
-GRANT SELECT ON \`$DB\`.schema_migrations TO $app;
-GRANT SELECT, INSERT, UPDATE ON \`$DB\`.t_admin_session TO $app;
 SQL
+	# The daemon: no DELETE anywhere; flows and events are insert-only. A
+	# table grant needs the table: on a database not migrated yet the
+	# tables missing are named, and a run after the migration grants them.
+	local grants=(
+		"t_order:SELECT, INSERT, UPDATE"
+		"t_account:SELECT, INSERT, UPDATE"
+		"t_account_flow:SELECT, INSERT"
+		"t_outbox:SELECT, INSERT, UPDATE"
+		"t_dead_letter:SELECT, INSERT, UPDATE"
+		"t_dead_letter_event:SELECT, INSERT"
+		"t_payment_event:SELECT, INSERT"
+		"t_account_opening:SELECT"
+		"schema_migrations:SELECT"
+		"t_admin_session:SELECT, INSERT, UPDATE"
+	)
+	local tables sql="" missing=() g
+	tables=$($MYSQL -N -B -e "SELECT table_name FROM information_schema.tables WHERE table_schema = $(sql_quote "$DB")")
+	for g in "${grants[@]}"; do
+		if grep -qx "${g%%:*}" <<<"$tables"; then
+			sql+="GRANT ${g#*:} ON \`$DB\`.${g%%:*} TO $app;"$'\n'
+		else
+			missing+=("${g%%:*}")
+		fi
+	done
+	[ -z "$sql" ] || $MYSQL <<<"$sql"
 	echo "mysql: $APP_USER (daemon, no DELETE) and $MIGRATE_USER (migrations) on $DB"
+	if [ ${#missing[@]} -gt 0 ]; then
+		echo "mysql: not migrated yet, no grant on ${missing[*]}: run this again after \`paysvc migrate\` (until then the daemon waits for MySQL)"
+	fi
 }
 
 rabbitmq_part() {

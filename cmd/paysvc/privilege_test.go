@@ -124,3 +124,62 @@ func urlEscape(s string) string {
 	r := strings.NewReplacer("%", "%25", "'", "%27", "\"", "%22", "$", "%24", "@", "%40", ":", "%3A", "/", "%2F")
 	return r.Replace(s)
 }
+
+// The documented order on a new server: the script before anything exists
+// (it creates the database and both users, and names the tables it cannot
+// grant on yet), migrate as the migration user, the script again; the
+// daemon's user can then read and write its tables, and still not delete.
+func TestLeastPrivilegeOnAnEmptyDatabase(t *testing.T) {
+	t.Parallel()
+	dsn, admin := testenv.MySQL(t)
+	id := testenv.Name(t)[len(testenv.Name(t))-8:]
+	dbName, appUser, migUser := "pe_"+id, "pea_"+id, "pem_"+id
+	const pw = "Pw-empty-0f'x"
+	t.Cleanup(func() {
+		admin.Exec("DROP DATABASE IF EXISTS `" + dbName + "`")
+		admin.Exec("DROP USER IF EXISTS '" + appUser + "'@'%', '" + migUser + "'@'%'")
+	})
+	script := func() string {
+		t.Helper()
+		cmd := exec.Command("scripts/least-privilege.sh", "mysql")
+		cmd.Dir = "../.."
+		cmd.Env = append(os.Environ(), "MYSQL_DATABASE="+dbName, "APP_USER="+appUser, "MIGRATE_USER="+migUser,
+			"APP_PASSWORD="+pw, "MIGRATE_PASSWORD="+pw)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("least-privilege.sh mysql: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName = dbName
+	app, mig := *cfg, *cfg
+	app.User, app.Passwd = appUser, pw
+	mig.User, mig.Passwd = migUser, pw
+
+	if out := script(); !strings.Contains(out, "not migrated yet") || !strings.Contains(out, "t_order") {
+		t.Fatalf("on an empty database the script must say what it could not grant yet:\n%s", out)
+	}
+	var migOut strings.Builder
+	if err := run(context.Background(), []string{"migrate"}, []string{"PAYSVC_MYSQL_DSN=" + mig.FormatDSN()}, &migOut); err != nil {
+		t.Fatalf("migrate as %s: %v\n%s", migUser, err, migOut.String())
+	}
+	if out := script(); strings.Contains(out, "not migrated yet") {
+		t.Fatalf("after the migration the script still misses tables:\n%s", out)
+	}
+	appDB, err := sqldb.Open(context.Background(), app.FormatDSN(), 1)
+	if err != nil {
+		t.Fatalf("the daemon's user after both runs: %v", err)
+	}
+	defer appDB.Close()
+	var n int
+	if err := appDB.Get(&n, "SELECT COUNT(*) FROM t_order"); err != nil {
+		t.Fatalf("as %s, reading t_order: %v", appUser, err)
+	}
+	if _, err := appDB.Exec("DELETE FROM t_account_flow"); err == nil || !strings.Contains(err.Error(), "denied") {
+		t.Errorf("as %s, DELETE FROM t_account_flow: %v; want denied", appUser, err)
+	}
+}
