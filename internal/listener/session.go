@@ -98,17 +98,21 @@ func (c *Consumer) session(ctx context.Context) error {
 		zap.Int("prefetch", c.cfg.Prefetch), zap.Int("workers", c.cfg.Workers))
 
 	reason := dispatch(ctx, deliveries, work, pause, connClosed, chClosed)
-	endSession()
 	c.setReady(false)
 
 	// Stop intake first, so the broker sends nothing more (a dead channel
-	// sends nothing anyway).
+	// sends nothing anyway); only then do the workers holding messages
+	// through an outage let go (endSession): their nacks would otherwise
+	// bring the messages straight back to this consumer, to be returned a
+	// second time when the channel closes, and a quorum queue counts both
+	// toward its delivery limit.
 	teardown := time.Now()
 	if !ch.IsClosed() && !conn.IsClosed() {
 		closeWithin(closeTimeout, func() {
 			ch.Cancel(tag, false) // noWait=false: wait for cancel-ok
 		})
 	}
+	endSession()
 	close(work)
 	drained := make(chan struct{})
 	go func() { wg.Wait(); close(drained) }()
