@@ -40,8 +40,8 @@ test: services test-tools lint rules
 # series it should; deploy/prometheus/*_test.yaml).
 rules: test-tools
 	P=$$(command -v promtool || echo $(CURDIR)/tmp/tools/promtool) && \
-	$$P check rules deploy/prometheus/alerts.yaml deploy/prometheus/reconcile-alerts.yaml && \
-	cd deploy/prometheus && $$P test rules alerts_test.yaml reconcile-alerts_test.yaml
+	$$P check rules deploy/prometheus/alerts.yaml deploy/prometheus/reconcile-alerts.yaml deploy/prometheus/opt-in-alerts.yaml && \
+	cd deploy/prometheus && $$P test rules alerts_test.yaml reconcile-alerts_test.yaml opt-in-alerts_test.yaml
 
 demo: services
 	scripts/demo.sh

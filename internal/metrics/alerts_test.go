@@ -26,15 +26,19 @@ type rulesFile struct {
 // The alert rules parse, name only metrics paysvc exports, and hold the
 // thresholds operations asked for.
 func TestAlertRules(t *testing.T) {
-	b, err := os.ReadFile("../../deploy/prometheus/alerts.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var f rulesFile
-	dec := yaml.NewDecoder(strings.NewReader(string(b)))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
-		t.Fatalf("alerts.yaml: %v", err)
+	for _, file := range []string{"alerts.yaml", "opt-in-alerts.yaml", "reconcile-alerts.yaml"} {
+		b, err := os.ReadFile("../../deploy/prometheus/" + file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var one rulesFile
+		dec := yaml.NewDecoder(strings.NewReader(string(b)))
+		dec.KnownFields(true)
+		if err := dec.Decode(&one); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		f.Groups = append(f.Groups, one.Groups...)
 	}
 	exported := map[string]bool{}
 	families, err := New().Registry.Gather()
