@@ -3,8 +3,10 @@ package reconcile_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/paysvc/paysvc/internal/money"
 	"github.com/paysvc/paysvc/internal/reconcile"
@@ -181,5 +183,45 @@ func TestReconcileLeavesWhatItCannotReverseToAPerson(t *testing.T) {
 	}
 	if k := kinds(rep); k[reconcile.PartiallyReversed] != 1 {
 		t.Fatalf("TWICE with two reversals not reported for a person: %+v", rep.Problems)
+	}
+}
+
+// A run limited to a window judges each order it finds on all the order's
+// flows: a flow of another user before the window still makes the group
+// one for a person, not a refund to the user the window shows. A reversal
+// the table refuses (its biz_no too long) is left for a person too, and
+// the run goes on to the next group.
+func TestReconcileWindowJudgesWholeOrders(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	ctx := context.Background()
+	db.MustExec("ALTER TABLE t_account_flow DROP INDEX uk_biz_no_type")
+	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (3, 100.00), (7, 90.00), (8, 50.00)")
+	long := strings.Repeat("L", 75) // with -REVERSE, longer than biz_no's 80
+	db.MustExec(`INSERT INTO t_account_flow (user_id, amount, biz_no, type, create_time) VALUES
+		(3, -5.00, 'MIXED', 'PAY_DEDUCT', '2026-01-01'), (7, -5.00, 'MIXED', 'PAY_DEDUCT', '2026-02-01'),
+		(7, -5.00, 'MIXED', 'PAY_DEDUCT', '2026-02-01'),
+		(8, -2.00, ?, 'PAY_DEDUCT', '2026-02-01'), (8, -2.00, ?, 'PAY_DEDUCT', '2026-02-01'),
+		(8, -10.00, 'ZDUP', 'PAY_DEDUCT', '2026-02-01'), (8, -10.00, 'ZDUP', 'PAY_DEDUCT', '2026-02-01')`, long, long)
+
+	rep, err := reconcile.Run(ctx, db, reconcile.Options{Fix: true, From: time.Date(2026, 1, 15, 0, 0, 0, 0, time.UTC)})
+	if err != nil {
+		t.Fatalf("fix run: %v (a reversal the table refuses must not stop the others)", err)
+	}
+	fixed := map[string]bool{}
+	for _, p := range rep.Problems {
+		if p.Kind == reconcile.DuplicateFlow {
+			fixed[p.BizNo] = p.Fixed
+		}
+	}
+	if want := map[string]bool{"MIXED": false, long: false, "ZDUP": true}; fmt.Sprint(fixed) != fmt.Sprint(want) {
+		t.Fatalf("duplicate groups fixed %v, want %v (report %+v)", fixed, want, rep.Problems)
+	}
+	var b3, b7, b8 money.Cents
+	db.Get(&b3, "SELECT balance FROM t_account WHERE user_id = 3")
+	db.Get(&b7, "SELECT balance FROM t_account WHERE user_id = 7")
+	db.Get(&b8, "SELECT balance FROM t_account WHERE user_id = 8")
+	if b3 != 10000 || b7 != 9000 || b8 != 6000 {
+		t.Fatalf("balances 3: %s, 7: %s, 8: %s; want 100.00 and 90.00 untouched, 60.00 after ZDUP's reversal", b3, b7, b8)
 	}
 }
