@@ -80,6 +80,9 @@ type Consumer struct {
 	paused atomic.Int32
 	// lastEnqueued (unix nanos) is LastEnqueued.
 	lastEnqueued atomic.Int64
+	// waitEntered (unix nanos, by wait queue) is WaitEntered; its keys,
+	// the wait queues of cfg.Retry, are fixed at New.
+	waitEntered map[string]*atomic.Int64
 	// node is the broker node of the current (or last) session.
 	node  atomic.Pointer[string]
 	probe struct { // the last dependency probe (dependenciesUp)
@@ -105,7 +108,12 @@ func New(cfg Config, orders *order.Store, payer Payer, guard *idem.Guard, log *z
 	if cfg.FirstLog == nil {
 		cfg.FirstLog = log
 	}
-	return &Consumer{cfg: cfg, orders: orders, payer: payer, guard: guard, log: log, m: cfg.Metrics}
+	c := &Consumer{cfg: cfg, orders: orders, payer: payer, guard: guard, log: log, m: cfg.Metrics,
+		waitEntered: map[string]*atomic.Int64{}}
+	for _, d := range cfg.Retry.Delays {
+		c.waitEntered[WaitQueue(d)] = new(atomic.Int64)
+	}
+	return c
 }
 
 // Node returns the address of the broker node the consumer is (or was last)
@@ -117,14 +125,61 @@ func (c *Consumer) Node() string {
 	return ""
 }
 
-// LastEnqueued is when the message this consumer received last was
-// published (its AMQP timestamp), or, without one, when it arrived; zero
-// before the first.
-func (c *Consumer) LastEnqueued() time.Time {
-	if n := c.lastEnqueued.Load(); n != 0 {
-		return time.Unix(0, n)
+// LastEnqueued is when the message this consumer received last entered
+// the main queue: its AMQP timestamp (when it was published), or, for a
+// retry copy back from a wait queue, when that queue's wait ended (the
+// copy keeps the original's timestamp, maybe minutes older), or, with
+// neither, when it arrived; zero before the first. The messages still in
+// the queue entered it after: their oldest is at most this old.
+func (c *Consumer) LastEnqueued() time.Time { return unixNanos(c.lastEnqueued.Load()) }
+
+// WaitEntered is when the retry copy this consumer received last from wait
+// queue q was published to it; zero before the first. The copies still in
+// q entered it after (one TTL for the whole queue keeps it in order): their
+// oldest is at most this old. A queue whose TTL stopped expiring copies
+// shows here as an age that grows past its delay.
+func (c *Consumer) WaitEntered(q string) time.Time {
+	if at := c.waitEntered[q]; at != nil {
+		return unixNanos(at.Load())
 	}
 	return time.Time{}
+}
+
+func unixNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// noteEnqueued records when d entered the main queue (LastEnqueued) and,
+// for a retry copy back from a wait queue, when it entered that one
+// (WaitEntered): a copy names its wait queue (x-routed-to) and when it was
+// published there (x-last-failed-at); it came back one delay later.
+func (c *Consumer) noteEnqueued(d amqp.Delivery, arrived time.Time) {
+	enqueued := arrived
+	if !d.Timestamp.IsZero() {
+		enqueued = d.Timestamp
+	}
+	q, _ := d.Headers[HeaderRoutedTo].(string)
+	failed, _ := d.Headers[HeaderLastFailedAt].(string)
+	if at := c.waitEntered[q]; at != nil {
+		if t, err := time.Parse(time.RFC3339Nano, failed); err == nil {
+			at.Store(t.UnixNano())
+			enqueued = t.Add(c.waitDelay(q))
+		}
+	}
+	c.lastEnqueued.Store(min(enqueued.UnixNano(), arrived.UnixNano()))
+}
+
+// waitDelay is wait queue q's delay.
+func (c *Consumer) waitDelay(q string) time.Duration {
+	for _, d := range c.cfg.Retry.Delays {
+		if WaitQueue(d) == q {
+			return d
+		}
+	}
+	return 0
 }
 
 // Ready reports whether the consumer is consuming: a session is up and no

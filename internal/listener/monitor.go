@@ -37,9 +37,12 @@ type Monitor struct {
 	Metrics  *metrics.Metrics
 	Interval time.Duration
 	Log      *zap.Logger
-	// Consumer tells when the newest delivered message was enqueued; nil:
-	// the main queue's age is not reported.
-	Consumer interface{ LastEnqueued() time.Time }
+	// Consumer tells when the newest delivered message entered the main
+	// queue, and each wait queue; nil: their ages are not reported.
+	Consumer interface {
+		LastEnqueued() time.Time
+		WaitEntered(queue string) time.Time
+	}
 	// Redis tells which Redis server (the master, behind Sentinel) paysvc
 	// reaches; nil: not followed.
 	Redis interface {
@@ -148,6 +151,16 @@ func (m *Monitor) Poll(ctx context.Context) error {
 		}
 	}
 	m.Metrics.QueueOldestAge.WithLabelValues(MainQueue).Set(mainAge.Seconds())
+	for _, d := range m.Delays {
+		q := WaitQueue(d)
+		var age time.Duration
+		if depths[q] > 0 && m.Consumer != nil {
+			if t := m.Consumer.WaitEntered(q); !t.IsZero() {
+				age = max(now.Sub(t), 0)
+			}
+		}
+		m.Metrics.QueueOldestAge.WithLabelValues(q).Set(age.Seconds())
+	}
 	var terminalAge time.Duration
 	if !oldestNew.IsZero() {
 		terminalAge = max(now.Sub(oldestNew), 0)

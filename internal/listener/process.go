@@ -24,11 +24,7 @@ import (
 // and exports the result.
 func (c *Consumer) process(ctx, sess context.Context, pub *broker.Publisher, d amqp.Delivery, pause chan<- error) {
 	start := time.Now()
-	if d.Timestamp.IsZero() {
-		c.lastEnqueued.Store(start.UnixNano())
-	} else {
-		c.lastEnqueued.Store(d.Timestamp.UnixNano())
-	}
+	c.noteEnqueued(d, start)
 	// The message's span: a child of the producer's traceparent, or the
 	// root of a new trace. Every log line of the message carries its trace
 	// id; every copy paysvc publishes of it carries the span as parent.

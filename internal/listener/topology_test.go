@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
@@ -117,3 +118,68 @@ func TestClassicMainQueueStopsStartup(t *testing.T) {
 		t.Fatalf("Run = %v, want the queue type mismatch explained, with the migration", err)
 	}
 }
+
+// A retry copy back from a wait queue entered the main queue when its wait
+// ended, not when the payment was first published (the copy keeps that
+// timestamp, here an hour old): retries do not age the main queue. Each
+// wait queue's entry time is when the copy was published to it.
+func TestRetryCopiesAgeTheQueuesFromTheirWait(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(7, "5.00")
+	e.seedOrder("AGE1", 7, "199.00")
+	start := time.Now()
+	if err := e.ch.PublishWithContext(context.Background(), "", listener.MainQueue, false, false, amqp.Publishing{
+		DeliveryMode: amqp.Persistent, Timestamp: start.Add(-time.Hour), Body: body("AGE1", 7, "199.00")}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.start(e.redisAddr, e.dsn)
+	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["TERMINAL"] == 1 }, "never reached terminal")
+	// The last copy came back from the second wait queue.
+	if last := c.LastEnqueued(); last.Before(start) {
+		t.Fatalf("LastEnqueued %s, before the test began: a retry copy aged the main queue by its first publish",
+			start.Sub(last).Round(time.Second))
+	}
+	w0, w1 := c.WaitEntered(listener.WaitQueue(e.delays[0])), c.WaitEntered(listener.WaitQueue(e.delays[1]))
+	if w0.Before(start) || w1.Before(w0) || w1.After(time.Now()) {
+		t.Fatalf("wait queues entered at %s and %s; want in order, within the test (began %s)", w0, w1, start)
+	}
+}
+
+// The monitor reports a wait queue's oldest copy from when the newest copy
+// back from it entered it (a queue with one TTL keeps its copies in
+// order), without reading the queue, and 0 for an empty one.
+func TestMonitorAgesWaitQueues(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ch := e.channel()
+	delays := []time.Duration{time.Hour, 2 * time.Hour}
+	if err := listener.DeclareTopology(ch, listener.Topology{Delays: delays}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Publish(t, e.amqpURL, listener.WaitQueue(time.Hour), body("AGE2", 1, "1.00"))
+	m := metrics.New()
+	entered := time.Now().Add(-10 * time.Minute)
+	mon := &listener.Monitor{URL: e.amqpURL, Name: t.Name(), Delays: delays, Store: deadletter.NewStore(e.db),
+		DB: e.db, Metrics: m, Log: zap.NewNop(), Consumer: enteredAt{entered}}
+	if err := mon.Poll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if age := testutil.ToFloat64(m.QueueOldestAge.WithLabelValues(listener.WaitQueue(time.Hour))); age < 600 || age > 660 {
+		t.Fatalf("%s's age %.0f s, want about 600", listener.WaitQueue(time.Hour), age)
+	}
+	if age := testutil.ToFloat64(m.QueueOldestAge.WithLabelValues(listener.WaitQueue(2 * time.Hour))); age != 0 {
+		t.Fatalf("an empty wait queue's age %.0f s, want 0", age)
+	}
+	if e.depth(listener.WaitQueue(time.Hour)) != 1 {
+		t.Fatal("sampling moved the copy")
+	}
+}
+
+// enteredAt answers the monitor as a consumer that received its last copy
+// from every wait queue having entered it at t.
+type enteredAt struct{ t time.Time }
+
+func (a enteredAt) LastEnqueued() time.Time      { return time.Time{} }
+func (a enteredAt) WaitEntered(string) time.Time { return a.t }

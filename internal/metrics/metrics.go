@@ -107,7 +107,7 @@ func New() *Metrics {
 		QueueMessages: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "paysvc_queue_messages", Help: "Ready messages in each queue (passive declare)."}, []string{"queue"}),
 		QueueOldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "paysvc_queue_oldest_message_age_seconds", Help: "Age of the oldest message in the main and terminal queues (0 when empty)."},
+			Name: "paysvc_queue_oldest_message_age_seconds", Help: "Age of the oldest message in the main, wait and terminal queues (0 when empty; at most this old: measured without reading the queue)."},
 			[]string{"queue"}),
 		TerminalPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_terminal_pending", Help: "Terminal messages not dealt with: in q.pay.dlx.terminal plus NEW dead letters."}),
@@ -147,7 +147,8 @@ func New() *Metrics {
 	for _, d := range []string{"redis", "mysql", "other"} {
 		m.Held.WithLabelValues(d)
 	}
-	// The ages the monitor samples (listener.MainQueue, TerminalQueue).
+	// The ages the monitor samples (listener.MainQueue, TerminalQueue; the
+	// wait queues', named by the configured delays, on its first sample).
 	for _, q := range []string{"q.pay.success", "q.pay.dlx.terminal"} {
 		m.QueueOldestAge.WithLabelValues(q)
 	}
