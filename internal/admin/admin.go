@@ -444,7 +444,7 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.Log.Info("admin: bulk "+action, zap.String("operator", op), zap.String("reason", reason),
-		zap.String("class", class), zap.Strings("dead_letter_ids", ids))
+		zap.String("error_class", class), zap.Strings("dead_letter_ids", ids))
 	data["Lines"] = lines
 	s.render(w, "bulk.html", data)
 }
