@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -252,7 +253,16 @@ func dlqReplay(fs *flag.FlagSet) runFunc {
 			Every: time.Duration(float64(time.Second) / *rate)}
 		var rows []deadletter.DeadLetter
 		if !sel.empty() {
-			rows, err = sel.pick(ctx, store, "dlq replay", true, act.allOfOrder, deadletter.New, deadletter.Discarded)
+			rows, err = sel.pick(ctx, store, "dlq replay", true, act.allOfOrder, deadletter.New)
+			// A DISCARDED row is replayed only by its id: someone decided
+			// it should not be paid, and an order number names the order's
+			// rows as they are now, not as the operator last saw them.
+			for _, d := range rows {
+				if err == nil && d.Status == deadletter.Discarded && !slices.Contains(sel.ids, d.ID) {
+					err = fmt.Errorf("dlq replay: dead letter %d of order %s is DISCARDED (by %s: %s): to replay it anyway, name it: --id %d",
+						d.ID, dash(d.Order()), dash(d.UpdatedBy), dash(d.Reason), d.ID)
+				}
+			}
 		} else {
 			rows, err = r.Select(ctx, replay.Selection{Class: *class, All: *all})
 		}

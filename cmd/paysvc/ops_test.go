@@ -396,6 +396,14 @@ func TestSeveralDeadLettersForOneOrder(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		return w.count("SELECT COUNT(*) FROM t_order WHERE order_no = '424242' AND status = 'PAID'") == 1
 	}, "the replayed payment was not applied")
+	// By order number only NEW rows replay: the order's other row is
+	// DISCARDED, and replaying it takes its id.
+	if _, err := w.cli("dlq", "replay", "424242", "--reason", "x"); err == nil || !strings.Contains(err.Error(), "--id "+mismatchID) {
+		t.Fatalf("replay by order of a DISCARDED row: %v; want a refusal naming --id %s", err, mismatchID)
+	}
+	if w.count("SELECT COUNT(*) FROM t_dead_letter WHERE id = "+mismatchID+" AND status = 'DISCARDED'") != 1 {
+		t.Fatal("the DISCARDED row was replayed by its order number")
+	}
 	if n := w.count("SELECT COUNT(*) FROM t_account_flow WHERE biz_no = '424242'"); n != 1 {
 		t.Fatalf("%d flows for the order, want 1", n)
 	}
