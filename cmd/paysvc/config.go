@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/spf13/viper"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/paysvc/paysvc/internal/broker"
 )
@@ -117,7 +118,7 @@ func loadConfig(path string, mustExist bool, env map[string]string) (*Config, er
 			v.Set(k.name, val)
 		}
 	}
-	for _, k := range v.AllKeys() {
+	for _, k := range append(v.AllKeys(), emptySections(path)...) {
 		if !known[k] {
 			errs = append(errs, fmt.Errorf("%s: unknown key", k))
 		}
@@ -350,4 +351,34 @@ func redactDSN(s string) string {
 		cfg.Passwd = "xxxxx"
 	}
 	return cfg.FormatDSN()
+}
+
+// emptySections lists the paths of the empty maps in the config file
+// (`amqp: {bogus: {}}`), which viper's AllKeys leaves out: a misspelled
+// section must not pass as nothing.
+func emptySections(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil // reading it is ReadInConfig's to report
+	}
+	var root map[string]any
+	if yaml.Unmarshal(b, &root) != nil {
+		return nil
+	}
+	var out []string
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for k, v := range m {
+			if sub, ok := v.(map[string]any); ok {
+				if p := strings.ToLower(prefix + k); len(sub) == 0 {
+					out = append(out, p)
+				} else {
+					walk(p+".", sub)
+				}
+			}
+		}
+	}
+	walk("", root)
+	slices.Sort(out)
+	return out
 }

@@ -153,7 +153,7 @@ var keys = []key{
 		bind: func(c *Config) any { return &c.Admin.SessionTTL },
 		doc:  "a sign-in's life, 1m to 168h (sessions live in `t_admin_session`, shared by the replicas; sign out or revoke on `/admin/sessions` to end one)"},
 
-	{name: "alert.webhookUrl", def: "", secret: true, check: httpURL("want an http:// or https:// URL"),
+	{name: "alert.webhookUrl", def: "", secret: true, check: httpURL("want an http:// or https:// URL", false),
 		bind: func(c *Config) any { return &c.Alert.WebhookURL },
 		doc:  "POSTed once per dead letter that becomes NEW; never logged"},
 
@@ -172,7 +172,7 @@ var keys = []key{
 		doc:  "the scheduled run books reversals for duplicate flows"},
 
 	{name: "trace.otlpEndpoint", def: "", secret: true, norm: func(s string) string { return strings.TrimSuffix(s, "/") },
-		check: httpURL("want an http:// or https:// URL of an OTLP/HTTP collector (e.g. http://otel-collector:4318)"),
+		check: httpURL("want an http:// or https:// URL of an OTLP/HTTP collector, no query (e.g. http://otel-collector:4318)", true),
 		bind:  func(c *Config) any { return &c.Trace.OTLPEndpoint },
 		doc:   "OTLP/HTTP collector (`http://otel-collector:4318`): a span per message, with the database transaction as its child (JSON, POST `/v1/traces`); empty: off. Off or on, a message's W3C `traceparent` is carried into its log lines (`trace_id`), its retry and terminal copies, its notice and its dead letter"},
 }

@@ -275,7 +275,7 @@ func envSamples(t *testing.T) map[string]struct {
 		"amqp.drainTimeout":            {"45s", 45 * time.Second, nil},
 		"amqp.queueType":               {"Classic", "classic", nil},
 		"amqp.deliveryLimit":           {"3", 3, nil},
-		"amqp.caFile":                  {ca, ca, nil},
+		"amqp.caFile":                  {ca, ca, map[string]string{"PAYSVC_AMQP_URL": "amqps://guest:guest@127.0.0.1:5671/"}},
 		"mysql.dsn":                    {"paysvc:pw@tcp(db:3306)/pay", "paysvc:pw@tcp(db:3306)/pay", nil},
 		"mysql.maxOpenConns":           {"30", 30, nil},
 		"mysql.groupSize":              {"4", 4, nil},
@@ -566,6 +566,14 @@ func TestConfigErrorsNeverEchoASecret(t *testing.T) {
 		{"redis.password as a number", "redis:\n  password: 7319046628815523\n", "7319046628815523"},
 		{"admin.token as a float", "admin:\n  token: 7319046628.815523\n", "815523"},
 		{"mysql.dsn with a slash in its password", "mysql:\n  dsn: \"paysvc:Zm9vX2Jh/cl9zZWNyZXQ=@tcp(db:3306)\"\n", "Zm9vX2Jh"},
+		{"redis.addr as a URL with its password", "redis:\n  addr: \"redis://:SeNtInEl@r:6379\"\n", "SeNtInEl"},
+		{"redis.addr with a user and password", "redis:\n  addr: \"default:SeNtInEl@r:6379\"\n", "SeNtInEl"},
+		{"redis.addr with a password", "redis:\n  addr: \"SeNtInEl@r:6379\"\n", "SeNtInEl"},
+		// An unescaped '/', '?' or '#' ends the authority early: the URL
+		// parses with no password to redact, and would be logged whole.
+		{"amqp.url with a slash opening its password", "amqp:\n  url: \"amqp://u:/SeNtInEl@rabbit:5672/pay\"\n", "SeNtInEl"},
+		{"amqp.url with digits then a slash", "amqp:\n  url: \"amqp://u:2024/SeNtInEl@rabbit/\"\n", "SeNtInEl"},
+		{"amqp.url with a question mark", "amqp:\n  url: \"amqp://u:?SeNtInEl@rabbit/\"\n", "SeNtInEl"},
 	} {
 		_, err := loadConfig(writeConfig(t, c.yaml), true, nil)
 		if err == nil {
@@ -617,5 +625,36 @@ func TestRedisTLSNamesNoServer(t *testing.T) {
 		if o.TLSConfig == nil || o.TLSConfig.ServerName != "" {
 			t.Errorf("%q: TLS config %+v, want TLS with no ServerName", yaml, o.TLSConfig)
 		}
+	}
+}
+
+// A misspelled section, empty, is an unknown key like any other (viper
+// leaves empty maps out of its keys).
+func TestConfigRefusesEmptyUnknownSections(t *testing.T) {
+	_, err := loadConfig(writeConfig(t, "amqp:\n  bogus: {}\nbogus: {}\n"), true, nil)
+	if err == nil || !strings.Contains(err.Error(), "amqp.bogus: unknown key") || !strings.Contains(err.Error(), "bogus: unknown key") {
+		t.Fatalf("empty unknown sections: %v, want both named", err)
+	}
+}
+
+// amqp.caFile with an amqp:// URL would leave the traffic in clear without
+// a word (the CA is used for amqps:// only): refused, naming the key. An
+// OTLP endpoint is a base URL: a query would swallow the path paysvc adds.
+func TestConfigRefusesSettingsThatWouldBeIgnored(t *testing.T) {
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, []byte("not read here"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, yaml, key string }{
+		{"a CA with amqp://", "amqp:\n  caFile: " + ca + "\n  url: \"amqp://u:p@rabbit:5672/\"\n", "amqp.caFile"},
+		{"a CA with one amqp:// node of two", "amqp:\n  caFile: " + ca + "\n  url: \"amqps://u:p@r1:5671/,amqp://u:p@r2:5672/\"\n", "amqp.caFile"},
+		{"an OTLP endpoint with a query", "trace:\n  otlpEndpoint: \"http://otel:4318/?k=v\"\n", "trace.otlpEndpoint"},
+	} {
+		if _, err := loadConfig(writeConfig(t, c.yaml), true, nil); err == nil || !strings.Contains(err.Error(), c.key) {
+			t.Errorf("%s: %v, want an error naming %s", c.name, err, c.key)
+		}
+	}
+	if _, err := loadConfig(writeConfig(t, "amqp:\n  caFile: "+ca+"\n  url: \"amqps://u:p@rabbit:5671/\"\n"), true, nil); err != nil {
+		t.Errorf("a CA with amqps://: %v", err)
 	}
 }

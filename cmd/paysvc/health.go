@@ -50,7 +50,14 @@ func startHealth(addr string, m *metrics.Metrics, log *zap.Logger) (*healthServe
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	h.mux.HandleFunc("GET /readyz", h.readyz)
 	h.mux.Handle("GET /metrics", m.Handler())
-	h.srv = &http.Server{Handler: h.mux, ReadHeaderTimeout: healthHeaderTimeout}
+	// net/http's own lines (a handler's panic, an accept error) go to the
+	// log as JSON, not to stderr in plain text.
+	errorLog, err := zap.NewStdLogAt(log.With(zap.String("lib", "net/http")), zap.ErrorLevel)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	h.srv = &http.Server{Handler: h.mux, ReadHeaderTimeout: healthHeaderTimeout, ErrorLog: errorLog}
 	go func() {
 		if err := h.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("admin http server", zap.Error(err))

@@ -8,6 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/testenv"
 )
 
@@ -78,4 +83,28 @@ func TestHealthcheckFailsAndABusyAddressStopsStartup(t *testing.T) {
 	if !strings.Contains(p.out.String(), "http.addr "+busy.Addr().String()) {
 		t.Fatalf("run on a busy http.addr: the error does not name the address %s:\n%s", busy.Addr(), p.out)
 	}
+}
+
+// net/http's own lines (here a handler's panic) reach the log as JSON
+// entries with lib net/http, not stderr in plain text.
+func TestHTTPServerErrorsGoToTheLog(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	addr := testenv.FreeAddr(t)
+	h, err := startHealth(addr, metrics.New(), zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.srv.Close()
+	h.mux.HandleFunc("GET /boom", func(http.ResponseWriter, *http.Request) { panic("boom") })
+	if resp, err := http.Get("http://" + addr + "/boom"); err == nil {
+		resp.Body.Close()
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		for _, e := range logs.All() {
+			if e.ContextMap()["lib"] == "net/http" && strings.Contains(e.Message, "panic serving") {
+				return true
+			}
+		}
+		return false
+	}, "the handler's panic did not reach the log")
 }

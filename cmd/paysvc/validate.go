@@ -50,6 +50,15 @@ func (c *Config) validateAcross(reporter func(name string) badFunc) {
 	if c.Redis.CAFile != "" && !c.Redis.TLS {
 		reporter("redis.caFile")("set redis.tls: true too")
 	}
+	if c.AMQP.CAFile != "" {
+		// amqp091 uses TLS for amqps:// only: an amqp:// node would be
+		// reached in clear, the CA unused, without a word.
+		for i, raw := range broker.URLs(c.AMQP.URL) {
+			if u, err := url.Parse(raw); err == nil && u.Scheme == "amqp" {
+				reporter("amqp.caFile")("is used for amqps:// only: amqp.url's URL %d of %d is amqp:// (in clear)", i+1, len(broker.URLs(c.AMQP.URL)))
+			}
+		}
+	}
 	if c.Redis.DB != 0 && c.Redis.MasterName == "" && len(c.RedisAddrs()) > 1 {
 		// Several addresses without a master's name are a Cluster, which has
 		// database 0 only: the setting would be ignored without a word.
@@ -179,10 +188,14 @@ var hostPortOrEmpty = checkOf(func(addr string, bad badFunc) {
 })
 
 // httpURL wants an empty value or an http(s) URL with a host; msg otherwise.
-func httpURL(msg string) func(any, badFunc) {
+// With noQuery, a query or fragment is refused too (a base URL paysvc
+// appends a path to).
+func httpURL(msg string, noQuery bool) func(any, badFunc) {
 	return checkOf(func(u string, bad badFunc) {
 		if u != "" {
-			if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			pu, err := url.Parse(u)
+			if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" ||
+				(noQuery && (pu.RawQuery != "" || pu.Fragment != "" || pu.ForceQuery)) {
 				bad(msg)
 			}
 		}
@@ -195,8 +208,15 @@ var checkAMQPURLs = checkOf(func(s string, bad badFunc) {
 		bad("must not be empty")
 	}
 	for i, raw := range urls {
-		if u, err := url.Parse(raw); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
+		u, err := url.Parse(raw)
+		switch {
+		case err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "":
 			bad("URL %d of %d: want amqp://[user:password@]host:port/vhost or amqps://..., comma-separated for several nodes", i+1, len(urls))
+		case strings.HasSuffix(u.Host, ":") || strings.ContainsAny(u.Path+u.RawQuery+u.Fragment, "@"):
+			// A password with an unescaped '/', '?' or '#' ends the
+			// authority early: the URL would parse with no password to
+			// redact, dial the wrong host as guest, and log the password.
+			bad("URL %d of %d: the user or password holds '/', '?' or '#' unescaped: percent-encode them (%%2F, %%3F, %%23)", i+1, len(urls))
 		}
 	}
 })
@@ -219,9 +239,14 @@ var checkRedisAddrs = checkOf(func(s string, bad badFunc) {
 	if len(addrs) == 0 {
 		bad("must not be empty")
 	}
-	for _, a := range addrs {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			bad("want host:port, or a comma-separated list (Sentinel, Cluster): %v", err)
+	for i, a := range addrs {
+		// The value is never echoed: an address written as a URL with its
+		// password (redis://:pw@host:6379) would put the password in the log.
+		switch _, _, err := net.SplitHostPort(a); {
+		case strings.Contains(a, "@"):
+			bad("address %d of %d: want host:port, no user or password (give them in redis.username and redis.password)", i+1, len(addrs))
+		case err != nil:
+			bad("address %d of %d: want host:port, or a comma-separated list of them (Sentinel, Cluster)", i+1, len(addrs))
 		}
 	}
 })
