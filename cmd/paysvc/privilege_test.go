@@ -30,7 +30,7 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	vhost := w.amqpURL[strings.LastIndex(w.amqpURL, "/")+1:]
 	cmd := exec.Command("scripts/least-privilege.sh", "all")
 	cmd.Dir = "../.."
-	cmd.Env = append(os.Environ(), "PAYSVC_DB="+cfg.DBName, "APP_USER="+appUser, "MIGRATE_USER="+migUser,
+	cmd.Env = append(os.Environ(), "MYSQL_DATABASE="+cfg.DBName, "APP_USER="+appUser, "MIGRATE_USER="+migUser,
 		"APP_PASSWORD="+pw, "MIGRATE_PASSWORD="+pw, "RABBITMQ_VHOST="+vhost, "RABBITMQ_USER="+rmqUser,
 		"RABBITMQ_PASSWORD="+pw, "REDIS_USER="+redisUser, "REDIS_PASSWORD="+pw, "REDIS_KEY_PREFIX="+w.prefix)
 	out, err := cmd.CombinedOutput()

@@ -327,13 +327,31 @@ func TestReplayHoldsTheRowUntilItsMark(t *testing.T) {
 			_, becameNew, err := s.Park(ctx, parked("HOLD1", t0.Add(time.Minute)))
 			done <- parking{becameNew, err}
 		}()
-		select {
-		case p := <-done:
-			t.Errorf("the copy was parked (%+v) while the replay held the row", p)
-			done <- p
-		case <-time.After(300 * time.Millisecond): // it waits on the row, as it must
+		// It waits on the row, as it must: seen by the server as a lock
+		// wait, not guessed from a pause.
+		deadline := time.After(10 * time.Second)
+		for {
+			select {
+			case p := <-done:
+				t.Errorf("the copy was parked (%+v) while the replay held the row", p)
+				done <- p
+				return nil
+			case <-deadline:
+				t.Error("the copy's park never waited on the row")
+				return nil
+			case <-time.After(20 * time.Millisecond):
+			}
+			var waiting int
+			if err := db.Get(&waiting, `SELECT COUNT(*) FROM information_schema.innodb_trx t
+				JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id
+				WHERE p.db = DATABASE() AND t.trx_state = 'LOCK WAIT'`); err != nil {
+				t.Error(err)
+				return nil
+			}
+			if waiting > 0 {
+				return nil
+			}
 		}
-		return nil
 	})
 	if err != nil {
 		t.Fatal(err)

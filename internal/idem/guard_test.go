@@ -3,6 +3,8 @@ package idem
 import (
 	"context"
 	"fmt"
+	"net"
+	"os/exec"
 	"slices"
 	"sync"
 	"testing"
@@ -200,16 +202,38 @@ func TestPipelinedClaimsShareARoundTrip(t *testing.T) {
 }
 
 // A Redis that lost its scripts (restart, SCRIPT FLUSH) answers a pipelined
-// EVALSHA with NOSCRIPT: the claim loads the script and goes on.
+// EVALSHA with NOSCRIPT: the claim loads the script and goes on. On a
+// redis-server of the test's own: SCRIPT FLUSH on the shared one would
+// touch every client, and another test could load the script back before
+// the claim, which would then prove nothing.
 func TestPipelinedClaimAfterScriptFlush(t *testing.T) {
 	t.Parallel()
-	g, rdb := newGuard(t, time.Minute)
+	addr := testenv.FreeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	srv := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	testenv.WaitPort(t, addr)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	g := New(rdb, Config{KeyPrefix: "flush:", TTL: time.Hour, Lease: time.Minute})
 	defer g.StartPipeline(1, 8)()
 	ctx := context.Background()
+	if st, _, err := g.Claim(ctx, "F0"); st != Claimed || err != nil {
+		t.Fatalf("first claim = %v, %v", st, err)
+	}
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
+	if loaded, err := rdb.ScriptExists(ctx, claimScript.Hash()).Result(); err != nil || loaded[0] {
+		t.Fatalf("after SCRIPT FLUSH the claim script is loaded (%v, %v): the test proves nothing", loaded, err)
+	}
 	if st, _, err := g.Claim(ctx, "F1"); st != Claimed || err != nil {
 		t.Fatalf("claim after SCRIPT FLUSH = %v, %v; want claimed", st, err)
+	}
+	if loaded, err := rdb.ScriptExists(ctx, claimScript.Hash()).Result(); err != nil || !loaded[0] {
+		t.Fatalf("the claim went on without loading its script again (%v, %v)", loaded, err)
 	}
 }

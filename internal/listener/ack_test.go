@@ -174,3 +174,14 @@ func TestCoalescerWritesALoneAckAfterTheDelay(t *testing.T) {
 		t.Fatalf("outstanding %v: the ack of 3 settled deliveries before it", b.outstanding)
 	}
 }
+
+// A session's end cancels the consumer before the workers holding
+// messages let go of them (TestStopWhileHoldingReturnsOnce runs the whole
+// path; RabbitMQ 3.10 does not show the race this order closes).
+func TestStopIntakeCancelsBeforeReleasing(t *testing.T) {
+	var order []string
+	stopIntake(func() { order = append(order, "cancel") }, func() { order = append(order, "release") })
+	if fmt.Sprint(order) != "[cancel release]" {
+		t.Fatalf("teardown order %v, want the cancel before the release", order)
+	}
+}

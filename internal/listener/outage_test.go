@@ -20,25 +20,28 @@ const outage = 2 * time.Minute
 func TestOutagesSpendNoDeliveryCount(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name  string
-		fault func(e *env, redis, mysql *testenv.Proxy, publish func())
+		name string
+		// publish(k) publishes the next k of the test's 30 payments
+		// (on the test's goroutine: a failed publish fails the test).
+		fault func(e *env, redis, mysql *testenv.Proxy, publish func(k int))
 	}{
-		{"redis-down-2m", func(e *env, redis, _ *testenv.Proxy, publish func()) {
+		{"redis-down-2m", func(e *env, redis, _ *testenv.Proxy, publish func(int)) {
 			redis.Down()
-			publish()
+			publish(30)
 			time.Sleep(outage)
 			redis.Up()
 		}},
-		{"mysql-down-2m", func(e *env, _, mysql *testenv.Proxy, publish func()) {
+		{"mysql-down-2m", func(e *env, _, mysql *testenv.Proxy, publish func(int)) {
 			mysql.Down()
-			publish()
+			publish(30)
 			time.Sleep(outage)
 			mysql.Up()
 		}},
-		{"redis-flaps-10x", func(e *env, redis, _ *testenv.Proxy, publish func()) {
-			go publish()
+		{"redis-flaps-10x", func(e *env, redis, _ *testenv.Proxy, publish func(int)) {
+			// Three payments arrive in each outage.
 			for range 10 {
 				redis.Down()
+				publish(3)
 				time.Sleep(time.Second)
 				redis.Up()
 				time.Sleep(time.Second)
@@ -62,9 +65,10 @@ func TestOutagesSpendNoDeliveryCount(t *testing.T) {
 				cfg.MainQueueType, cfg.DeliveryLimit = "quorum", 3
 			})
 			testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready")
-			tc.fault(e, redisProxy, mysqlProxy, func() {
-				for _, m := range msgs {
-					e.publish(m)
+			tc.fault(e, redisProxy, mysqlProxy, func(k int) {
+				for range k {
+					e.publish(msgs[0])
+					msgs = msgs[1:]
 					time.Sleep(50 * time.Millisecond)
 				}
 			})

@@ -100,19 +100,16 @@ func (c *Consumer) session(ctx context.Context) error {
 	reason := dispatch(ctx, deliveries, work, pause, connClosed, chClosed)
 	c.setReady(false)
 
-	// Stop intake first, so the broker sends nothing more (a dead channel
-	// sends nothing anyway); only then do the workers holding messages
-	// through an outage let go (endSession): their nacks would otherwise
-	// bring the messages straight back to this consumer, to be returned a
-	// second time when the channel closes, and a quorum queue counts both
-	// toward its delivery limit.
+	// Stop intake (a dead channel sends nothing anyway), then let the
+	// workers holding messages through an outage go.
 	teardown := time.Now()
-	if !ch.IsClosed() && !conn.IsClosed() {
-		closeWithin(closeTimeout, func() {
-			ch.Cancel(tag, false) // noWait=false: wait for cancel-ok
-		})
-	}
-	endSession()
+	stopIntake(func() {
+		if !ch.IsClosed() && !conn.IsClosed() {
+			closeWithin(closeTimeout, func() {
+				ch.Cancel(tag, false) // noWait=false: wait for cancel-ok
+			})
+		}
+	}, endSession)
 	close(work)
 	drained := make(chan struct{})
 	go func() { wg.Wait(); close(drained) }()
@@ -139,6 +136,17 @@ func (c *Consumer) session(ctx context.Context) error {
 	closeWithin(closeTimeout, func() { ch.Close() })
 	c.log.Debug("session torn down", zap.Duration("duration", time.Since(teardown)), zap.NamedError("error", reason))
 	return reason
+}
+
+// stopIntake ends a session's intake: cancel first (the broker sends this
+// consumer nothing more), and only then release (the workers holding
+// messages through an outage let go, and nack them). A nack before the
+// cancel could bring a message straight back to this consumer, to be
+// returned a second time when the channel closes: two counts toward a
+// quorum queue's delivery limit where one would do.
+func stopIntake(cancel, release func()) {
+	cancel()
+	release()
 }
 
 // closeTimeout bounds each step of a session's teardown (the consumer's

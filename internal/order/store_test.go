@@ -7,6 +7,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -374,9 +375,11 @@ func TestPayReportsCommitUnknown(t *testing.T) {
 	if !errors.Is(err, sqldb.ErrCommitUnknown) {
 		t.Fatalf("Pay = %v, want ErrCommitUnknown", err)
 	}
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		return read(t, db, "CU1", 12) == state{Status: order.Init, Balance: 1000}
-	}, "the uncommitted payment is visible")
+	// The premise: the COMMIT never reached the server (the proxy cut it),
+	// so nothing was applied.
+	if got := read(t, db, "CU1", 12); got != (state{Status: order.Init, Balance: 1000}) {
+		t.Fatalf("after a COMMIT the server never saw: %+v", got)
+	}
 }
 
 // The connection goes dark after the payment's chain ran (its COMMIT is
@@ -389,7 +392,7 @@ func TestPayOnABlackholedConnectionReleasesItsLocks(t *testing.T) {
 	dsn, db := testenv.MySQL(t)
 	seed(t, db, "BH1", 14, "1.00", "10.00")
 	proxy, proxied := testenv.MySQLProxy(t, dsn)
-	proxy.BlackholeWhen(testenv.IsCommit)
+	proxy.BlackholeWhen(testenv.IsCommitOrKill) // only the server may end it
 	dark, err := sqldb.OpenWith(context.Background(), proxied, sqldb.Options{MaxOpen: 2, IdleTransaction: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -414,5 +417,26 @@ func TestPayOnABlackholedConnectionReleasesItsLocks(t *testing.T) {
 	// The payment itself is not lost: run again, it applies once.
 	if err := order.NewStore(db).Pay(context.Background(), pay("BH1", 14, 100)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A primary failed over to read-only still answers a ping; Ping says it
+// takes no writes (the consumer then holds its messages instead of
+// spending their attempts on refused writes). A private server runs with
+// --read-only; the shared one is never made read-only.
+func TestPingRefusesAReadOnlyServer(t *testing.T) {
+	t.Parallel()
+	addr := testenv.MariaDB(t, "--read-only", "--skip-log-bin")
+	db, err := sqlx.Open("mysql", "root@tcp("+addr+")/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := order.NewStore(db).Ping(context.Background()); err == nil || !strings.Contains(err.Error(), "read-only") {
+		t.Fatalf("Ping of a read-only server: %v, want it refused as read-only", err)
+	}
+	_, shared := testenv.MySQL(t)
+	if err := order.NewStore(shared).Ping(context.Background()); err != nil {
+		t.Fatalf("Ping of the writable shared server: %v", err)
 	}
 }

@@ -99,6 +99,12 @@ func TestDispatcherHoldsNoLockWhilePublishing(t *testing.T) {
 	if n, err := d.DispatchOnce(context.Background(), healthy); err != nil || n != 0 {
 		t.Fatalf("a second dispatcher sent %d (%v): the leased rows were not hidden", n, err)
 	}
+	// The checks above mean something only while the stuck publish is.
+	select {
+	case <-done:
+		t.Fatal("the stuck publish ended before the checks were done: they proved nothing")
+	default:
+	}
 
 	r := <-done
 	if r.err == nil || r.n != 0 {

@@ -153,7 +153,7 @@ func TestIdleTransactionOfABlackholedClientEnds(t *testing.T) {
 	dsn, db := testenv.MySQL(t)
 	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 10.00)")
 	proxy, proxied := testenv.MySQLProxy(t, dsn)
-	proxy.BlackholeWhen(testenv.IsCommit)
+	proxy.BlackholeWhen(testenv.IsCommitOrKill) // only the server may end it
 	pool, err := sqldb.OpenWith(context.Background(), proxied, sqldb.Options{MaxOpen: 2, IdleTransaction: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -219,3 +219,11 @@ func IsAMQPStartOk(toServer []byte) bool {
 
 // IsCommit matches a client chunk carrying a COMMIT statement (COM_QUERY).
 func IsCommit(toServer []byte) bool { return bytes.Contains(toServer, []byte("\x03COMMIT")) }
+
+// IsCommitOrKill matches IsCommit's chunks and a KILL statement: black-hole
+// both, and a client that gave up on its COMMIT cannot free the server's
+// side with its own KILL (sqldb kills a statement whose context ended):
+// only the server's timeouts can.
+func IsCommitOrKill(toServer []byte) bool {
+	return IsCommit(toServer) || bytes.Contains(toServer, []byte("\x03KILL"))
+}
