@@ -101,6 +101,8 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"dlq", "replay", "X1"}, "dlq replay: --reason is required", "dlq replay (ORDER_NO"},
 		{[]string{"dlq", "replay", "--reason", "r"}, "dlq replay: give order numbers, --id, --class, or --all", "dlq replay (ORDER_NO"},
 		{[]string{"dlq", "replay", "X1", "--reason", "r", "--rate", "0"}, "dlq replay: --rate must be positive", "dlq replay (ORDER_NO"},
+		{[]string{"dlq", "replay", "--id", "5", "--class", "timeout", "--reason", "r"}, "dlq replay: name rows (ORDER_NO, --order, --id) or select them (--class, --all), not both", "dlq replay (ORDER_NO"},
+		{[]string{"dlq", "replay", "X1", "--all", "--reason", "r"}, "dlq replay: name rows (ORDER_NO, --order, --id) or select them (--class, --all), not both", "dlq replay (ORDER_NO"},
 		{[]string{"dlq", "discard", "X1"}, "dlq discard: want ORDER_NO, --order ORDER_NO or --id N, and --reason", "dlq discard (ORDER_NO"},
 		{[]string{"dlq", "discard", "--reason", "r"}, "dlq discard: want ORDER_NO, --order ORDER_NO or --id N", "dlq discard (ORDER_NO"},
 		{[]string{"reconcile", "--from", "last week"}, "reconcile: --from: since: want a time", "reconcile [--from T]"},

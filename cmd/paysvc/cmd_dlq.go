@@ -236,6 +236,9 @@ func dlqReplay(fs *flag.FlagSet) runFunc {
 			return c.usageError("dlq replay: --rate must be positive")
 		case sel.empty() && *class == "" && !*all:
 			return c.usageError("dlq %v", replay.ErrNoSelection)
+		case !sel.empty() && (*class != "" || *all):
+			// One would be ignored without a word.
+			return c.usageError("dlq replay: name rows (ORDER_NO, --order, --id) or select them (--class, --all), not both")
 		}
 		cfg, db, err := c.openTool(ctx, true)
 		if err != nil {

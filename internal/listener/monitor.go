@@ -96,7 +96,7 @@ func (m *Monitor) Run(ctx context.Context) {
 
 func (m *Monitor) close() {
 	if m.conn != nil {
-		m.conn.Close()
+		broker.CloseConn(m.conn) // bounded: a blocked broker may never answer
 		m.conn = nil
 	}
 }
@@ -131,6 +131,11 @@ func (m *Monitor) Poll(ctx context.Context) error {
 		}
 		m.conn = conn
 	}
+	// A broker that stops answering must not hold a shutdown: the end of
+	// ctx closes the connection under a blocked call (the next Poll, if
+	// any, dials again).
+	conn := m.conn
+	defer context.AfterFunc(ctx, func() { broker.CloseConn(conn) })()
 	queues := []string{MainQueue, TerminalQueue, OverflowQueue}
 	for _, d := range m.Delays {
 		queues = append(queues, WaitQueue(d))

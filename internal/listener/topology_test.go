@@ -3,6 +3,7 @@ package listener_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
+	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/deadletter"
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/metrics"
@@ -183,3 +185,40 @@ type enteredAt struct{ t time.Time }
 
 func (a enteredAt) LastEnqueued() time.Time      { return time.Time{} }
 func (a enteredAt) WaitEntered(string) time.Time { return a.t }
+
+// A broker that stops answering (black-holed: no reply, no reset) does not
+// hold the monitor past its context's end: a shutdown waits for it.
+func TestMonitorLetsGoOfABlackholedBroker(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if err := listener.DeclareTopology(e.channel(), listener.Topology{Delays: e.delays}); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(e.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	mon := &listener.Monitor{URL: u.String(), Name: t.Name(), Delays: e.delays, Store: deadletter.NewStore(e.db),
+		DB: e.db, Metrics: metrics.New(), Log: zap.NewNop()}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := mon.Poll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proxy.BlackholeWhen(func([]byte) bool { return true })
+	done := make(chan error, 1)
+	go func() { done <- mon.Poll(ctx) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Poll through a black-holed broker returned (%v) before the context ended: the test proves nothing", err)
+	case <-time.After(time.Second):
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(broker.CloseTimeout + 3*time.Second):
+		t.Fatal("the monitor held on to a black-holed broker past its context's end")
+	}
+}

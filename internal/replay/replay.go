@@ -122,7 +122,11 @@ func (r *Replayer) replayOne(ctx context.Context, d deadletter.DeadLetter, opera
 	case pubErr != nil:
 		r.Store.RecordFailure(context.WithoutCancel(ctx), d.ID, operator, reason, pubErr.Error())
 	case published && err != nil:
-		return fmt.Errorf("published to %s; marking it REPLAYED: %w", listener.MainQueue, err)
+		// The copy is on its way, and the mark's rollback took its event
+		// with it: the row's history must still say a copy went out.
+		err = fmt.Errorf("published to %s; marking it REPLAYED: %w", listener.MainQueue, err)
+		r.Store.RecordFailure(context.WithoutCancel(ctx), d.ID, operator, reason, err.Error())
+		return err
 	}
 	return err
 }

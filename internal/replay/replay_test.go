@@ -71,3 +71,51 @@ func TestReplayRateAndHeaders(t *testing.T) {
 		t.Fatalf("%d rows still NEW after replay", n)
 	}
 }
+
+// A copy published whose REPLAYED mark then fails (here the caller's
+// context ends in between) is on its way: the row keeps its status, and
+// its history says a copy was published.
+func TestReplayPublishedButNotMarkedIsInTheHistory(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	store := deadletter.NewStore(db)
+	id, _, err := store.Park(context.Background(), deadletter.Parked{OrderNo: "PM1", Body: []byte(`{"orderNo":"PM1"}`),
+		Headers: "{}", ErrorClass: "timeout", LastError: "x", FirstFailedAt: time.Now(), LastFailedAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := store.List(context.Background(), deadletter.Filter{Status: deadletter.New, Limit: 10})
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("list: %d rows, %v", len(rows), err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub := publishThen(cancel) // the copy goes out, then the context ends
+	r := &replay.Replayer{Store: store, Orders: order.NewStore(db), DB: db, Publish: pub}
+	res, err := r.Replay(ctx, rows, "op", "test", false)
+	if err != nil || len(res) != 1 || res[0].Err == nil {
+		t.Fatalf("replay: %+v, %v; want the row's mark to fail", res, err)
+	}
+	d, events, err := store.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Status != deadletter.New {
+		t.Fatalf("status %s, want NEW kept (the mark rolled back)", d.Status)
+	}
+	found := false
+	for _, e := range events {
+		found = found || (e.Event == deadletter.EventReplayFailed && strings.Contains(e.Result, "published to "+listener.MainQueue))
+	}
+	if !found {
+		t.Fatalf("history %+v: no event says a copy was published", events)
+	}
+}
+
+// publishThen publishes nothing and reports success, then calls after.
+type publishThen func()
+
+func (after publishThen) Publish(context.Context, string, string, amqp.Publishing) error {
+	after()
+	return nil
+}
