@@ -261,8 +261,8 @@ func dlqReplay(fs *flag.FlagSet) runFunc {
 			// it should not be paid, and an order number names the order's
 			// rows as they are now, not as the operator last saw them.
 			for _, d := range rows {
-				if err == nil && d.Status == deadletter.Discarded && !slices.Contains(sel.ids, d.ID) {
-					err = fmt.Errorf("dlq replay: dead letter %d of order %s is DISCARDED (by %s: %s): to replay it anyway, name it: --id %d",
+				if d.Status == deadletter.Discarded && !slices.Contains(sel.ids, d.ID) {
+					return fmt.Errorf("dlq replay: dead letter %d of order %s is DISCARDED (by %s: %s): to replay it anyway, name it: --id %d",
 						d.ID, dash(d.Order()), dash(d.UpdatedBy), dash(d.Reason), d.ID)
 				}
 			}

@@ -53,9 +53,10 @@ func (c *Config) validateAcross(reporter func(name string) badFunc) {
 	if c.AMQP.CAFile != "" {
 		// amqp091 uses TLS for amqps:// only: an amqp:// node would be
 		// reached in clear, the CA unused, without a word.
-		for i, raw := range broker.URLs(c.AMQP.URL) {
+		urls := broker.URLs(c.AMQP.URL)
+		for i, raw := range urls {
 			if u, err := url.Parse(raw); err == nil && u.Scheme == "amqp" {
-				reporter("amqp.caFile")("is used for amqps:// only: amqp.url's URL %d of %d is amqp:// (in clear)", i+1, len(broker.URLs(c.AMQP.URL)))
+				reporter("amqp.caFile")("is used for amqps:// only: amqp.url's URL %d of %d is amqp:// (in clear)", i+1, len(urls))
 			}
 		}
 	}
@@ -212,7 +213,7 @@ var checkAMQPURLs = checkOf(func(s string, bad badFunc) {
 		switch {
 		case err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "":
 			bad("URL %d of %d: want amqp://[user:password@]host:port/vhost or amqps://..., comma-separated for several nodes", i+1, len(urls))
-		case strings.HasSuffix(u.Host, ":") || strings.ContainsAny(u.Path+u.RawQuery+u.Fragment, "@"):
+		case strings.HasSuffix(u.Host, ":") || strings.Contains(u.Path+u.RawQuery+u.Fragment, "@"):
 			// A password with an unescaped '/', '?' or '#' ends the
 			// authority early: the URL would parse with no password to
 			// redact, dial the wrong host as guest, and log the password.

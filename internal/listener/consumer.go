@@ -80,9 +80,8 @@ type Consumer struct {
 	paused atomic.Int32
 	// lastEnqueued (unix nanos) is LastEnqueued.
 	lastEnqueued atomic.Int64
-	// waitEntered (unix nanos, by wait queue) is WaitEntered; its keys,
-	// the wait queues of cfg.Retry, are fixed at New.
-	waitEntered map[string]*atomic.Int64
+	// waits are the wait queues of cfg.Retry, by name, fixed at New.
+	waits map[string]*waitQueue
 	// node is the broker node of the current (or last) session.
 	node  atomic.Pointer[string]
 	probe struct { // the last dependency probe (dependenciesUp)
@@ -109,11 +108,17 @@ func New(cfg Config, orders *order.Store, payer Payer, guard *idem.Guard, log *z
 		cfg.FirstLog = log
 	}
 	c := &Consumer{cfg: cfg, orders: orders, payer: payer, guard: guard, log: log, m: cfg.Metrics,
-		waitEntered: map[string]*atomic.Int64{}}
+		waits: map[string]*waitQueue{}}
 	for _, d := range cfg.Retry.Delays {
-		c.waitEntered[WaitQueue(d)] = new(atomic.Int64)
+		c.waits[WaitQueue(d)] = &waitQueue{delay: d}
 	}
 	return c
+}
+
+// waitQueue is a wait queue's delay and WaitEntered (unix nanos).
+type waitQueue struct {
+	delay   time.Duration
+	entered atomic.Int64
 }
 
 // Node returns the address of the broker node the consumer is (or was last)
@@ -139,8 +144,8 @@ func (c *Consumer) LastEnqueued() time.Time { return unixNanos(c.lastEnqueued.Lo
 // oldest is at most this old. A queue whose TTL stopped expiring copies
 // shows here as an age that grows past its delay.
 func (c *Consumer) WaitEntered(q string) time.Time {
-	if at := c.waitEntered[q]; at != nil {
-		return unixNanos(at.Load())
+	if w := c.waits[q]; w != nil {
+		return unixNanos(w.entered.Load())
 	}
 	return time.Time{}
 }
@@ -163,23 +168,13 @@ func (c *Consumer) noteEnqueued(d amqp.Delivery, arrived time.Time) {
 	}
 	q, _ := d.Headers[HeaderRoutedTo].(string)
 	failed, _ := d.Headers[HeaderLastFailedAt].(string)
-	if at := c.waitEntered[q]; at != nil {
+	if w := c.waits[q]; w != nil {
 		if t, err := time.Parse(time.RFC3339Nano, failed); err == nil {
-			at.Store(t.UnixNano())
-			enqueued = t.Add(c.waitDelay(q))
+			w.entered.Store(t.UnixNano())
+			enqueued = t.Add(w.delay)
 		}
 	}
 	c.lastEnqueued.Store(min(enqueued.UnixNano(), arrived.UnixNano()))
-}
-
-// waitDelay is wait queue q's delay.
-func (c *Consumer) waitDelay(q string) time.Duration {
-	for _, d := range c.cfg.Retry.Delays {
-		if WaitQueue(d) == q {
-			return d
-		}
-	}
-	return 0
 }
 
 // Ready reports whether the consumer is consuming: a session is up and no

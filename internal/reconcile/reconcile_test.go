@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/paysvc/paysvc/internal/money"
 	"github.com/paysvc/paysvc/internal/reconcile"
 	"github.com/paysvc/paysvc/internal/testenv"
@@ -160,22 +162,11 @@ func TestReconcileLeavesWhatItCannotReverseToAPerson(t *testing.T) {
 	if err != nil {
 		t.Fatalf("fix run: %v (one group it cannot reverse must not stop the others)", err)
 	}
-	fixed := map[string]bool{}
-	for _, p := range rep.Problems {
-		if p.Kind == reconcile.DuplicateFlow {
-			fixed[p.BizNo] = p.Fixed
-		}
-	}
+	fixed := fixedGroups(rep)
 	if want := map[string]bool{"MIXED": false, "NOACC": false, "ZDUP": true}; fmt.Sprint(fixed) != fmt.Sprint(want) {
 		t.Fatalf("duplicate groups fixed %v, want %v (report %+v)", fixed, want, rep.Problems)
 	}
-	var b3, b7, b8 money.Cents
-	db.Get(&b3, "SELECT balance FROM t_account WHERE user_id = 3")
-	db.Get(&b7, "SELECT balance FROM t_account WHERE user_id = 7")
-	db.Get(&b8, "SELECT balance FROM t_account WHERE user_id = 8")
-	if b3 != 10000 || b7 != 9000 || b8 != 6000 {
-		t.Fatalf("balances 3: %s, 7: %s, 8: %s; want 100.00 and 90.00 untouched, 60.00 after ZDUP's reversal", b3, b7, b8)
-	}
+	untouchedButZDUP(t, db)
 	var reversals int
 	db.Get(&reversals, "SELECT COUNT(*) FROM t_account_flow WHERE type = 'REVERSE_DEDUCT'")
 	if reversals != 3 {
@@ -208,15 +199,28 @@ func TestReconcileWindowJudgesWholeOrders(t *testing.T) {
 	if err != nil {
 		t.Fatalf("fix run: %v (a reversal the table refuses must not stop the others)", err)
 	}
+	fixed := fixedGroups(rep)
+	if want := map[string]bool{"MIXED": false, long: false, "ZDUP": true}; fmt.Sprint(fixed) != fmt.Sprint(want) {
+		t.Fatalf("duplicate groups fixed %v, want %v (report %+v)", fixed, want, rep.Problems)
+	}
+	untouchedButZDUP(t, db)
+}
+
+// fixedGroups is whether each duplicate group of rep was fixed, by biz_no.
+func fixedGroups(rep reconcile.Report) map[string]bool {
 	fixed := map[string]bool{}
 	for _, p := range rep.Problems {
 		if p.Kind == reconcile.DuplicateFlow {
 			fixed[p.BizNo] = p.Fixed
 		}
 	}
-	if want := map[string]bool{"MIXED": false, long: false, "ZDUP": true}; fmt.Sprint(fixed) != fmt.Sprint(want) {
-		t.Fatalf("duplicate groups fixed %v, want %v (report %+v)", fixed, want, rep.Problems)
-	}
+	return fixed
+}
+
+// untouchedButZDUP checks the balances of users 3, 7 and 8 after a fixing
+// run that must leave 3's and 7's alone and reverse user 8's ZDUP (10.00).
+func untouchedButZDUP(t *testing.T, db *sqlx.DB) {
+	t.Helper()
 	var b3, b7, b8 money.Cents
 	db.Get(&b3, "SELECT balance FROM t_account WHERE user_id = 3")
 	db.Get(&b7, "SELECT balance FROM t_account WHERE user_id = 7")
