@@ -131,6 +131,18 @@ func TestMySQLTLS(t *testing.T) {
 	if err := db.QueryRow("SHOW STATUS LIKE 'Ssl_cipher'").Scan(&cipher.Name, &cipher.Value); err != nil || cipher.Value == "" {
 		t.Fatalf("connection not encrypted: %+v %v", cipher, err)
 	}
+
+	// A CA that did not sign the server: paysvc refuses it, naming the
+	// certificate, instead of taking any server that answers.
+	other := testenv.CA(t)
+	var refused lockedBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = run(ctx, []string{"migrate"}, []string{"PAYSVC_MYSQL_DSN=" + dsn,
+		"PAYSVC_MYSQL_CAFILE=" + filepath.Join(other, "ca.pem")}, &refused)
+	if err == nil || !strings.Contains(err.Error()+refused.String(), "certificate") {
+		t.Fatalf("migrate with the wrong CA: %v; want a certificate error:\n%s", err, refused.String())
+	}
 }
 
 // paysvc reaches RabbitMQ over TLS (amqps://, amqp.caFile) on a second,
@@ -209,4 +221,15 @@ func TestAMQPTLS(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		return w.count("SELECT COUNT(*) FROM t_order WHERE order_no = 'ATLS1' AND status = 'PAID'") == 1
 	}, "payment not applied over amqps")
+
+	// A CA that did not sign the node: paysvc refuses it and waits, naming
+	// the certificate, instead of taking any broker that answers.
+	other := testenv.CA(t)
+	var out lockedBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = run(ctx, []string{"run"}, w.env("PAYSVC_AMQP_URL="+url, "PAYSVC_AMQP_CAFILE="+filepath.Join(other, "ca.pem")), &out)
+	if err != nil || !strings.Contains(out.String(), "certificate") {
+		t.Fatalf("with the wrong CA: %v; want a wait on a certificate error:\n%s", err, out.String())
+	}
 }
