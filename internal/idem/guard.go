@@ -34,6 +34,10 @@ const (
 	// InFlight: another holder's lease: a worker still at it, or one that
 	// died. Never ack on this alone.
 	InFlight
+	// Foreign: the key holds a value paysvc never writes (a hand-written
+	// consumer's "1", a value of another type): no lease of paysvc's, and no
+	// word on the payment. The database decides alone.
+	Foreign
 )
 
 func (s State) String() string {
@@ -44,11 +48,16 @@ func (s State) String() string {
 		return "done"
 	case InFlight:
 		return "in_flight"
+	case Foreign:
+		return "foreign"
 	}
 	return "unknown"
 }
 
-const doneValue = "done"
+const (
+	doneValue      = "done"
+	inFlightPrefix = "inflight:"
+)
 
 // Config sets the guard's keys and lifetimes.
 type Config struct {
@@ -79,10 +88,15 @@ type Claim struct {
 // claimScript sets the key to our token if it is free and returns the value
 // the key holds afterwards with its remaining life in milliseconds, in one
 // atomic step. A retry of a call whose reply was lost finds its own token,
-// and so still reads as claimed.
+// and so still reads as claimed. A key of another type than a string reads
+// as the value "<type>" (a GET would fail with WRONGTYPE).
 var claimScript = redis.NewScript(`
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {ARGV[1], tonumber(ARGV[2])}
+end
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'string' and t ~= 'none' then
+  return {'<' .. t .. '>', redis.call('PTTL', KEYS[1])}
 end
 return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
 `)
@@ -104,7 +118,7 @@ func (g *Guard) Key(orderNo string) string { return g.cfg.KeyPrefix + orderNo }
 func (g *Guard) Claim(ctx context.Context, orderNo string) (State, Claim, error) {
 	b := make([]byte, 12)
 	rand.Read(b)
-	return g.claim(ctx, orderNo, "inflight:"+hex.EncodeToString(b))
+	return g.claim(ctx, orderNo, inFlightPrefix+hex.EncodeToString(b))
 }
 
 func (g *Guard) claim(ctx context.Context, orderNo, token string) (State, Claim, error) {
@@ -128,17 +142,19 @@ func (g *Guard) claim(ctx context.Context, orderNo, token string) (State, Claim,
 	if ms, ok := res[1].(int64); ok {
 		c.Remaining = time.Duration(ms) * time.Millisecond
 	}
-	switch v, _ := res[0].(string); v {
-	case token:
+	switch v, _ := res[0].(string); {
+	case v == token:
 		return Claimed, c, nil
-	case doneValue:
+	case v == doneValue:
 		return Done, c, nil
-	case "":
+	case v == "":
 		// The key vanished between SET and GET: impossible inside a script,
 		// but in flight is the safe reading.
 		return InFlight, c, nil
+	case strings.HasPrefix(v, inFlightPrefix):
+		return InFlight, c, nil
 	}
-	return InFlight, c, nil
+	return Foreign, c, nil
 }
 
 // Done marks the order's payment committed, for the long TTL. Call it only

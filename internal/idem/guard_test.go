@@ -237,3 +237,43 @@ func TestPipelinedClaimAfterScriptFlush(t *testing.T) {
 		t.Fatalf("the claim went on without loading its script again (%v, %v)", loaded, err)
 	}
 }
+
+// A value paysvc never writes at an order's key (a hand-written consumer's
+// "1", a key of another type) is Foreign: neither done nor another worker's
+// lease, and never an error; the key is left as it was.
+func TestClaimReadsForeignValues(t *testing.T) {
+	t.Parallel()
+	for _, pipelined := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pipelined=%v", pipelined), func(t *testing.T) {
+			t.Parallel()
+			g, rdb := newGuard(t, time.Minute)
+			if pipelined {
+				t.Cleanup(g.StartPipeline(1, 8))
+			}
+			ctx := context.Background()
+			rdb.Set(ctx, g.Key("LEGACY"), "1", 24*time.Hour)
+			rdb.HSet(ctx, g.Key("HASH"), "a", "b")
+			rdb.Set(ctx, g.Key("OTHER"), "inflight", 0) // no token after the prefix's colon: not paysvc's
+			for _, no := range []string{"LEGACY", "HASH", "OTHER"} {
+				st, c, err := g.Claim(ctx, no)
+				if err != nil || st != Foreign {
+					t.Fatalf("claim of %s = %v, %v; want foreign", no, st, err)
+				}
+				if no == "LEGACY" && (c.Remaining <= time.Hour || c.Remaining > 24*time.Hour) {
+					t.Fatalf("remaining %v, want the legacy key's TTL", c.Remaining)
+				}
+			}
+			if v := rdb.Get(ctx, g.Key("LEGACY")).Val(); v != "1" {
+				t.Fatalf("legacy key now %q, want it untouched", v)
+			}
+			if v := rdb.HGet(ctx, g.Key("HASH"), "a").Val(); v != "b" {
+				t.Fatalf("hash key now %q, want it untouched", v)
+			}
+			// paysvc's own values still read as before.
+			rdb.Set(ctx, g.Key("MINE"), "inflight:abc", time.Minute)
+			if st, _, err := g.Claim(ctx, "MINE"); err != nil || st != InFlight {
+				t.Fatalf("claim of another worker's lease = %v, %v; want in_flight", st, err)
+			}
+		})
+	}
+}

@@ -263,6 +263,43 @@ func TestDoneKeyWithoutPaymentIsNotDropped(t *testing.T) {
 	}
 }
 
+// A key holding a value paysvc never writes, as the hand-written consumer
+// it replaces leaves (SET key 1 NX EX 86400, its transaction then failed or
+// its process died), or a key of another type: the database decides at
+// once. An unpaid order is paid on its first delivery, not retried until the
+// legacy key expires a day later; a paid one is a duplicate. The keys are
+// left as they were.
+func TestForeignKeyValueLeavesItToTheDatabase(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(5, "50.00")
+	e.seedOrder("LEGACY1", 5, "5.00")
+	e.seedOrder("LEGACY2", 5, "7.00")
+	e.seedOrder("LEGPAID", 5, "1.00")
+	e.db.MustExec("UPDATE t_order SET status = 'PAID' WHERE order_no = 'LEGPAID'")
+	ctx := context.Background()
+	e.rdb.Set(ctx, e.prefix+"LEGACY1", "1", 24*time.Hour)
+	e.rdb.HSet(ctx, e.prefix+"LEGACY2", "by", "someone")
+	e.rdb.Set(ctx, e.prefix+"LEGPAID", "1", 24*time.Hour)
+	e.publish(body("LEGACY1", 5, "5.00"), body("LEGACY2", 5, "7.00"), body("LEGPAID", 5, "1.00"))
+	e.start(e.redisAddr, e.dsn)
+	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["FIRST"] == 2 && r["DUPLICATE"] == 1 },
+		"legacy keys not left to the database")
+	if r := e.results(); r["RETRY"] != 0 || r["TERMINAL"] != 0 {
+		t.Fatalf("outcomes %v: a legacy key was waited out as another worker's lease", r)
+	}
+	if e.flows("LEGACY1") != 1 || e.flows("LEGACY2") != 1 || e.flows("LEGPAID") != 0 || e.balance(5) != 3800 {
+		t.Fatal("payments not applied exactly once")
+	}
+	if n := testutil.ToFloat64(e.metrics.Disagreements.WithLabelValues("redis_foreign_db_unpaid")); n != 2 {
+		t.Fatalf("foreign-value metric %v, want 2", n)
+	}
+	if v := e.rdb.Get(ctx, e.prefix+"LEGACY1").Val(); v != "1" {
+		t.Fatalf("legacy key now %q, want it left as it was", v)
+	}
+}
+
 // A key in flight elsewhere (a worker that died) never acks an unpaid
 // message: it is retried, and applied once the lease is gone.
 func TestInFlightKeyRetriesThenApplies(t *testing.T) {

@@ -86,7 +86,7 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Con
 	}
 	fault.Point("after_claim")
 
-	if cs.state == idem.Done || cs.state == idem.InFlight {
+	if cs.state == idem.Done || cs.state == idem.InFlight || cs.state == idem.Foreign {
 		// Redis alone never drops a message: the database decides.
 		switch err := c.orders.Check(ctx, p); {
 		case err != nil:
@@ -94,6 +94,14 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Con
 		case cs.state == idem.InFlight:
 			out.wait = cs.claim.Remaining
 			return settle(fmt.Errorf("order %s: %w (lease %s left)", p.OrderNo, errInFlight, cs.claim.Remaining.Round(time.Millisecond)))
+		case cs.state == idem.Foreign:
+			// Not paysvc's value (a hand-written consumer's mark, left by
+			// the consumer paysvc replaced): no lease to wait for. The
+			// database's guards decide alone, as when Redis is skipped; the
+			// key is left as it is.
+			c.m.Disagreements.WithLabelValues("redis_foreign_db_unpaid").Inc()
+			log.Warn("redis key holds a value paysvc does not write; the database guards alone",
+				zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key))
 		default:
 			c.m.Disagreements.WithLabelValues("redis_done_db_unpaid").Inc()
 			log.Warn("redis and database disagree: key says done, order is not paid; applying",
@@ -141,7 +149,8 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Con
 // claimState is what claiming an order's Redis key found.
 type claimState struct {
 	// state is Claimed (this call holds the lease: mark it done or release
-	// it), Done or InFlight; 0 when the guard was skipped (degraded).
+	// it), Done, InFlight or Foreign; 0 when the guard was skipped
+	// (degraded).
 	state idem.State
 	// claim is the lease held, or what the key held (Remaining, for
 	// InFlight).

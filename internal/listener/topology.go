@@ -146,7 +146,8 @@ func mismatch(kind, name string, err error) error {
 		// default: the broker names only the first argument that differs.
 		return fmt.Errorf("topology: %s exists with other arguments than paysvc declares, most likely another "+
 			"queue type than amqp.queueType asks for (quorum by default since the production-topology release). "+
-			"Either set amqp.queueType to the queue's type, or migrate: stop the producers, let paysvc drain the "+
+			"Either set amqp.queueType to the queue's type (a queue an earlier paysvc declared), or migrate (a queue "+
+			"paysvc did not declare, such as a hand-written consumer's, always needs it): stop the producers, drain the "+
 			"queue, stop paysvc, delete %s, start paysvc (it declares the new one), start the producers (docs/design.md, "+
 			"\"Migrating to quorum queues\"): %w", MainQueue, MainQueue, err)
 	}

@@ -82,7 +82,7 @@ func New() *Metrics {
 			Help: "Payment transactions (single or grouped) run again after a deadlock or a lost connection."}),
 		Disagreements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paysvc_guard_disagreements_total",
-			Help: "Times Redis and the database disagreed: redis_new_db_applied (Redis said new, the database had applied it), redis_done_db_unpaid."},
+			Help: "Times Redis and the database disagreed: redis_new_db_applied (Redis said new, the database had applied it), redis_done_db_unpaid, redis_foreign_db_unpaid (a value paysvc does not write at the key, a hand-written consumer's; the database decided)."},
 			[]string{"kind"}),
 		Degraded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_degraded", Help: "1 while payments go on without the Redis guard (redisFallback=OPEN)."}),
@@ -138,7 +138,7 @@ func New() *Metrics {
 	for _, res := range []string{"FIRST", "DUPLICATE", "RETRY", "TERMINAL", "REQUEUE"} {
 		m.Messages.WithLabelValues(res)
 	}
-	for _, kind := range []string{"redis_new_db_applied", "redis_done_db_unpaid"} {
+	for _, kind := range []string{"redis_new_db_applied", "redis_done_db_unpaid", "redis_foreign_db_unpaid"} {
 		m.Disagreements.WithLabelValues(kind)
 	}
 	for _, c := range []string{"consumer", "monitor"} {
