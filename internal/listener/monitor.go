@@ -3,6 +3,7 @@ package listener
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -83,8 +84,12 @@ func (m *Monitor) Run(ctx context.Context) {
 	for {
 		if err := m.Poll(ctx); err != nil && ctx.Err() == nil {
 			m.Log.Warn("monitor: sampling failed", zap.Error(err))
-			m.Metrics.Reconnects.WithLabelValues("monitor").Inc()
-			m.close()
+			if errors.As(err, new(brokerError)) {
+				// Only the broker's failures cost the connection: a
+				// database outage is not a lost broker session.
+				m.Metrics.Reconnects.WithLabelValues("monitor").Inc()
+				m.close()
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -101,18 +106,44 @@ func (m *Monitor) close() {
 	}
 }
 
-// Poll takes one sample.
+// brokerError is a sample that failed at the broker.
+type brokerError struct{ error }
+
+func (e brokerError) Unwrap() error { return e.error }
+
+// Poll takes one sample: the database's figures and the broker's, each
+// whatever the other's outage (the queues matter most while the database
+// is down).
 func (m *Monitor) Poll(ctx context.Context) error {
 	now := time.Now()
 	m.followRedis(ctx)
-	newCount, oldestNew, err := m.Store.Stats(ctx)
+	newCount, oldestNew, dbErr := m.pollDB(ctx)
+	depths, err := m.pollBroker(ctx, now)
 	if err != nil {
-		return fmt.Errorf("dead letter stats: %w", err)
+		return errors.Join(dbErr, brokerError{err})
+	}
+	if dbErr != nil {
+		return dbErr
+	}
+	var terminalAge time.Duration
+	if !oldestNew.IsZero() {
+		terminalAge = max(now.Sub(oldestNew), 0)
+	}
+	m.Metrics.QueueOldestAge.WithLabelValues(TerminalQueue).Set(terminalAge.Seconds())
+	m.Metrics.TerminalPending.Set(float64(depths[TerminalQueue] + depths[OverflowQueue] + newCount))
+	return nil
+}
+
+// pollDB samples the dead letters and the outbox.
+func (m *Monitor) pollDB(ctx context.Context) (newCount int, oldestNew time.Time, err error) {
+	newCount, oldestNew, err = m.Store.Stats(ctx)
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("dead letter stats: %w", err)
 	}
 	m.Metrics.DeadLettersNew.Set(float64(newCount))
 	byClass, err := m.Store.NewByClass(ctx)
 	if err != nil {
-		return fmt.Errorf("dead letter stats: %w", err)
+		return 0, time.Time{}, fmt.Errorf("dead letter stats: %w", err)
 	}
 	m.Metrics.DeadLettersClass.Reset() // a class whose rows were all dealt with goes
 	for class, n := range byClass {
@@ -120,14 +151,18 @@ func (m *Monitor) Poll(ctx context.Context) error {
 	}
 	var outbox int
 	if err := m.DB.GetContext(ctx, &outbox, "SELECT COUNT(*) FROM t_outbox WHERE status = 'PENDING'"); err != nil {
-		return fmt.Errorf("outbox stats: %w", err)
+		return 0, time.Time{}, fmt.Errorf("outbox stats: %w", err)
 	}
 	m.Metrics.OutboxPending.Set(float64(outbox))
+	return newCount, oldestNew, nil
+}
 
+// pollBroker samples the queues' depths and ages.
+func (m *Monitor) pollBroker(ctx context.Context, now time.Time) (map[string]int, error) {
 	if m.conn == nil || m.conn.IsClosed() {
 		conn, err := broker.Dial(m.URL, m.Name+" monitor", m.TLS)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		m.conn = conn
 	}
@@ -144,7 +179,7 @@ func (m *Monitor) Poll(ctx context.Context) error {
 	for _, q := range queues {
 		depth, err := m.depth(q)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		depths[q] = depth
 		m.Metrics.QueueMessages.WithLabelValues(q).Set(float64(depth))
@@ -166,13 +201,7 @@ func (m *Monitor) Poll(ctx context.Context) error {
 		}
 		m.Metrics.QueueOldestAge.WithLabelValues(q).Set(age.Seconds())
 	}
-	var terminalAge time.Duration
-	if !oldestNew.IsZero() {
-		terminalAge = max(now.Sub(oldestNew), 0)
-	}
-	m.Metrics.QueueOldestAge.WithLabelValues(TerminalQueue).Set(terminalAge.Seconds())
-	m.Metrics.TerminalPending.Set(float64(depths[TerminalQueue] + depths[OverflowQueue] + newCount))
-	return nil
+	return depths, nil
 }
 
 // depth is a queue's ready messages, from a passive declare.

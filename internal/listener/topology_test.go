@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
@@ -220,5 +221,39 @@ func TestMonitorLetsGoOfABlackholedBroker(t *testing.T) {
 	case <-done:
 	case <-time.After(broker.CloseTimeout + 3*time.Second):
 		t.Fatal("the monitor held on to a black-holed broker past its context's end")
+	}
+}
+
+// A database outage is not a broker failure: the monitor keeps its broker
+// connection and goes on measuring the queues (what matters most while the
+// database is down), and counts no reconnect, which would fire
+// PaysvcReconnectStorm on every replica.
+func TestMonitorKeepsMeasuringQueuesWithoutTheDatabase(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if err := listener.DeclareTopology(e.channel(), listener.Topology{Delays: e.delays}); err != nil {
+		t.Fatal(err)
+	}
+	down, err := sqlx.Open("mysql", e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	down.Close() // every query fails: "sql: database is closed"
+	m := metrics.New()
+	mon := &listener.Monitor{URL: e.amqpURL, Name: t.Name(), Delays: e.delays, Store: deadletter.NewStore(down),
+		DB: down, Metrics: m, Log: zap.NewNop(), Interval: 10 * time.Millisecond}
+	if err := mon.Poll(context.Background()); err == nil {
+		t.Fatal("Poll without a database returned no error: the test proves nothing")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); mon.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	e.publish(body("MON2", 1, "1.00"), body("MON3", 1, "1.00"))
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return testutil.ToFloat64(m.QueueMessages.WithLabelValues(listener.MainQueue)) == 2
+	}, "the main queue's depth was not measured while the database was down")
+	if n := testutil.ToFloat64(m.Reconnects.WithLabelValues("monitor")); n != 0 {
+		t.Fatalf("%v monitor reconnects counted for a database outage, want 0", n)
 	}
 }
