@@ -89,7 +89,7 @@ func (a *Alerter) SendPending(ctx context.Context) error {
 		if resp.StatusCode/100 != 2 {
 			return fmt.Errorf("alert %d: webhook answered %s", d.ID, resp.Status)
 		}
-		if err := a.Store.MarkAlerted(ctx, d.ID); err != nil {
+		if err := a.Store.MarkAlerted(ctx, d); err != nil {
 			return err
 		}
 		a.Log.Info("alert sent", zap.Int64("dead_letter_id", d.ID), zap.String("order_no", d.Order()))

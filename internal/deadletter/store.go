@@ -453,9 +453,14 @@ func (s *Store) PendingAlerts(ctx context.Context, limit int) ([]DeadLetter, err
 	return out, err
 }
 
-// MarkAlerted records that the alert for a dead letter was delivered.
-func (s *Store) MarkAlerted(ctx context.Context, id int64) error {
-	_, err := s.db.ExecContext(ctx, "UPDATE t_dead_letter SET alerted_at = CURRENT_TIMESTAMP(3) WHERE id = ?", id)
+// MarkAlerted records that the alert for the dead letter d, as read, was
+// delivered. A row parked again since (replayed, failed again: a new
+// failure, not yet alerted) is left unmarked for the next alert; so is a
+// row another copy of the payment was parked on meanwhile (alerted twice,
+// rather than a failure never).
+func (s *Store) MarkAlerted(ctx context.Context, d DeadLetter) error {
+	_, err := s.db.ExecContext(ctx, "UPDATE t_dead_letter SET alerted_at = CURRENT_TIMESTAMP(3) "+
+		"WHERE id = ? AND parked_count = ? AND alerted_at IS NULL", d.ID, d.ParkedCount)
 	return err
 }
 

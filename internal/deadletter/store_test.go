@@ -44,11 +44,11 @@ func TestParkReplayPark(t *testing.T) {
 	if _, isNew, _ := s.Park(ctx, parked("D1", t0.Add(time.Second))); isNew {
 		t.Fatal("a second copy while NEW asked for a second alert")
 	}
-	if err := s.MarkAlerted(ctx, id); err != nil {
-		t.Fatal(err)
-	}
 	read, _, err := s.Get(ctx, id)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MarkAlerted(ctx, read); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Replay(ctx, read, "alice", "topped up", "published", func(context.Context) error { return nil }); err != nil {
@@ -367,5 +367,45 @@ func TestReplayHoldsTheRowUntilItsMark(t *testing.T) {
 	}
 	if d, _, _ := s.Get(ctx, id); d.Status != deadletter.New || d.ParkedCount != 2 {
 		t.Fatalf("row %s, parked %d times; want NEW, 2", d.Status, d.ParkedCount)
+	}
+}
+
+// An alert read before its row was parked again (replayed meanwhile, and
+// failed again: a new failure) is not marked sent: the new failure is
+// alerted on the next round instead of never.
+func TestMarkAlertedLeavesARowParkedAgain(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	s := deadletter.NewStore(db)
+	ctx := context.Background()
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	id, _, err := s.Park(ctx, parked("AL1", t0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending, err := s.PendingAlerts(ctx, 10)
+	if err != nil || len(pending) != 1 || pending[0].ID != id {
+		t.Fatalf("pending alerts %v, %v", pending, err)
+	}
+	// While the webhook is being posted: an operator replays, the copy
+	// fails again and is parked.
+	if err := s.Replay(ctx, pending[0], "alice", "topped up", "published", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, isNew, err := s.Park(ctx, parked("AL1", t0.Add(time.Hour))); err != nil || !isNew {
+		t.Fatalf("park after replay: %v, %v", isNew, err)
+	}
+	if err := s.MarkAlerted(ctx, pending[0]); err != nil {
+		t.Fatal(err)
+	}
+	again, err := s.PendingAlerts(ctx, 10)
+	if err != nil || len(again) != 1 || again[0].ID != id || again[0].ParkedCount != pending[0].ParkedCount+1 {
+		t.Fatalf("pending alerts after the re-park %+v, %v; want the row again, parked once more", again, err)
+	}
+	if err := s.MarkAlerted(ctx, again[0]); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := s.PendingAlerts(ctx, 10); err != nil || len(left) != 0 {
+		t.Fatalf("pending alerts %v, %v; want none once the new failure was alerted", left, err)
 	}
 }
