@@ -26,7 +26,7 @@ lint:
 
 # The configuration reference (docs/configuration.md, and README.md between
 # its config-reference markers) from the declarations in
-# cmd/paysvc/config_keys.go, and deploy/k8s/configmap.yaml from config.yaml.
+# cmd/paysvc/config_keys.go, and deploy/k8s/config.yaml (the ConfigMap kustomize generates) from config.yaml.
 .PHONY: docs
 docs:
 	$(GO) test -count=1 -run '^TestConfigReferenceUpToDate$$' ./cmd/paysvc -args -update
