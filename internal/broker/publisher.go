@@ -30,6 +30,12 @@ func NewPublisher(conn *amqp.Connection, timeout time.Duration) *Publisher {
 // ErrUnroutable: the broker returned a mandatory message no queue took.
 var ErrUnroutable = errors.New("returned unroutable")
 
+// ErrUnconfirmed: the message was written to the broker, and its confirm
+// did not come (the wait ran out, the context ended, the connection
+// dropped): it may be stored and routed, or not. Not safely stored; not
+// safely absent either.
+var ErrUnconfirmed = errors.New("outcome unknown: sent, not confirmed")
+
 // Publish sends msg to exchange with routing key key, mandatory, and waits for
 // the broker's confirm. Any error means the message is not safely stored.
 func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
@@ -52,7 +58,7 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 	acked, err := conf.WaitContext(ctx)
 	if err != nil {
 		p.reset()
-		return fmt.Errorf("publish to %s/%s: confirm: %w", exchange, key, err)
+		return fmt.Errorf("publish to %s/%s: %w: %w", exchange, key, ErrUnconfirmed, err)
 	}
 	if !acked {
 		return fmt.Errorf("publish to %s/%s: nacked by the broker", exchange, key)
@@ -118,7 +124,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, exchange, key string, msgs
 			// earlier message may have been returned unroutable (its
 			// return came before its ack), and reset drops that return.
 			p.reset()
-			return fail(0, fmt.Errorf("publish to %s/%s: confirm: %w", exchange, key, err))
+			return fail(0, fmt.Errorf("publish to %s/%s: %w: %w", exchange, key, ErrUnconfirmed, err))
 		case !acked:
 			errs[i] = fmt.Errorf("publish to %s/%s: nacked by the broker", exchange, key)
 		}

@@ -17,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/paysvc/paysvc/internal/account"
+	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/deadletter"
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/order"
@@ -59,7 +60,7 @@ func (r *Replayer) Select(ctx context.Context, sel Selection) ([]deadletter.Dead
 type Result struct {
 	ID      int64
 	OrderNo string
-	Outcome string // replayed, skipped, failed; for a dry run the prediction
+	Outcome string // replayed, skipped, failed, outcome unknown; for a dry run the prediction
 	Err     error
 }
 
@@ -89,9 +90,13 @@ func (r *Replayer) Replay(ctx context.Context, rows []deadletter.DeadLetter, ope
 			}
 			last = time.Now()
 			res.Err = r.replayOne(ctx, d, operator, reason)
-			res.Outcome = "replayed to " + listener.MainQueue
-			if res.Err != nil {
+			switch {
+			case errors.Is(res.Err, broker.ErrUnconfirmed):
+				res.Outcome = "outcome unknown: " + res.Err.Error()
+			case res.Err != nil:
 				res.Outcome = "failed: " + res.Err.Error()
+			default:
+				res.Outcome = "replayed to " + listener.MainQueue
 			}
 		}
 		out = append(out, res)
@@ -119,6 +124,13 @@ func (r *Replayer) replayOne(ctx context.Context, d deadletter.DeadLetter, opera
 		return pubErr
 	})
 	switch {
+	case errors.Is(pubErr, broker.ErrUnconfirmed):
+		// Written, never confirmed: the copy may be in the queue and the
+		// payment applied, or not. The row stays as it was (replayable: a
+		// second copy meets the guards); its history says which it may be.
+		err = fmt.Errorf("%w; the copy may be in %s: check the order (paysvc trace) before discarding the row; "+
+			"replaying it again is safe (a second copy is a duplicate)", pubErr, listener.MainQueue)
+		r.Store.RecordFailure(context.WithoutCancel(ctx), d.ID, operator, reason, err.Error())
 	case pubErr != nil:
 		r.Store.RecordFailure(context.WithoutCancel(ctx), d.ID, operator, reason, pubErr.Error())
 	case published && err != nil:

@@ -1,7 +1,10 @@
 package replay_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -118,4 +121,59 @@ type publishThen func()
 func (after publishThen) Publish(context.Context, string, string, amqp.Publishing) error {
 	after()
 	return nil
+}
+
+// A copy the broker took whose confirm never came (the reply path
+// black-holed after the publish, as under a resource alarm or a lost
+// connection) is not reported as failed: it is in the queue and would be
+// paid. The outcome and the row's history say it is unknown, and the row
+// stays replayable.
+func TestReplayUnconfirmedIsUnknownNotFailed(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	amqpURL := testenv.AMQP(t)
+	testenv.Declare(t, amqpURL, func(ch *amqp.Channel) error { return listener.Declare(ch, []time.Duration{time.Second}) })
+	store := deadletter.NewStore(db)
+	ctx := context.Background()
+	id, _, err := store.Park(ctx, deadletter.Parked{OrderNo: "UNK1", Body: []byte(`{"orderNo":"UNK1"}`),
+		Headers: "{}", ErrorClass: "timeout", LastError: "x", FirstFailedAt: time.Now(), LastFailedAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, u.Host)
+	proxy.BlackholeAfter(func(b []byte) bool { return bytes.Contains(b, []byte{0, 60, 0, 40}) }) // basic.publish
+	u.Host = proxy.Addr()
+	pub := &broker.DialingPublisher{URL: u.String(), Name: t.Name(), Timeout: time.Second}
+	defer pub.Close()
+	r := &replay.Replayer{Store: store, Orders: order.NewStore(db), DB: db, Publish: pub}
+	rows, err := store.List(ctx, deadletter.Filter{Status: deadletter.New, Limit: 10})
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("list: %d rows, %v", len(rows), err)
+	}
+	res, err := r.Replay(ctx, rows, "op", "test", false)
+	if err != nil || len(res) != 1 || !errors.Is(res[0].Err, broker.ErrUnconfirmed) ||
+		!strings.HasPrefix(res[0].Outcome, "outcome unknown") {
+		t.Fatalf("replay: %+v, %v; want the outcome unknown", res, err)
+	}
+	if got := testenv.GetAll(t, amqpURL, listener.MainQueue); len(got) != 1 {
+		t.Fatalf("%d copies in the main queue, want the 1 the broker took: the test proves nothing", len(got))
+	}
+	d, events, err := store.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Status != deadletter.New {
+		t.Fatalf("status %s, want NEW (replayable)", d.Status)
+	}
+	found := false
+	for _, e := range events {
+		found = found || (e.Event == deadletter.EventReplayFailed && strings.Contains(e.Result, "may be in "+listener.MainQueue))
+	}
+	if !found {
+		t.Fatalf("history %+v: no event says the copy may be in the queue", events)
+	}
 }
