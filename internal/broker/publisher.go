@@ -39,14 +39,14 @@ var ErrUnconfirmed = errors.New("outcome unknown: sent, not confirmed")
 // Publish sends msg to exchange with routing key key, mandatory, and waits for
 // the broker's confirm. Any error means the message is not safely stored.
 func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
-	if err := p.open(); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	if err := p.open(ctx); err != nil {
 		return err
 	}
 	for len(p.returns) > 0 { // drop a stale return, if any
 		<-p.returns
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.timeout)
-	defer cancel()
 	conf, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key,
 		true,  // mandatory: an unroutable copy comes back instead of vanishing
 		false, // immediate: unsupported by RabbitMQ
@@ -97,14 +97,14 @@ func (p *Publisher) PublishBatch(ctx context.Context, exchange, key string, msgs
 	if len(msgs) > MaxBatch {
 		return fail(0, fmt.Errorf("publish batch of %d: at most %d", len(msgs), MaxBatch))
 	}
-	if err := p.open(); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	if err := p.open(ctx); err != nil {
 		return fail(0, err)
 	}
 	for len(p.returns) > 0 { // drop stale returns, if any
 		<-p.returns
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.timeout)
-	defer cancel()
 	confs := make([]*amqp.DeferredConfirmation, len(msgs))
 	for i, msg := range msgs {
 		conf, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
@@ -147,18 +147,46 @@ func (p *Publisher) PublishBatch(ctx context.Context, exchange, key string, msgs
 	}
 }
 
-func (p *Publisher) open() error {
+// open opens the publisher's channel in confirm mode if it has none, within
+// ctx: a broker that stops reading the connection (blocked by a resource
+// alarm) never answers channel.open.
+func (p *Publisher) open(ctx context.Context) error {
 	if p.ch != nil && !p.ch.IsClosed() {
 		return nil
 	}
-	ch, err := p.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("publisher channel: %w", err)
+	type opened struct {
+		ch  *amqp.Channel
+		err error
 	}
-	if err := ch.Confirm(false); err != nil {
-		ch.Close()
-		return fmt.Errorf("publisher confirms: %w", err)
+	done := make(chan opened, 1)
+	go func() {
+		ch, err := p.conn.Channel()
+		if err != nil {
+			done <- opened{err: fmt.Errorf("publisher channel: %w", err)}
+			return
+		}
+		if err := ch.Confirm(false); err != nil {
+			ch.Close()
+			done <- opened{err: fmt.Errorf("publisher confirms: %w", err)}
+			return
+		}
+		done <- opened{ch: ch}
+	}()
+	var o opened
+	select {
+	case o = <-done:
+	case <-ctx.Done():
+		go func() { // the channel it opens late is nobody's
+			if o := <-done; o.ch != nil {
+				o.ch.Close()
+			}
+		}()
+		return fmt.Errorf("publisher channel: %w", ctx.Err())
 	}
+	if o.err != nil {
+		return o.err
+	}
+	ch := o.ch
 	p.ch = ch
 	// Returns of a whole batch must fit: the client delivers them from its
 	// reader goroutine, which would block on a full channel.

@@ -2,10 +2,12 @@ package listener
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
@@ -22,7 +24,7 @@ import (
 // only when sess ends: shutdown or a lost broker session. route decides
 // what the broker is told; process then does it, and logs, counts, records
 // and exports the result.
-func (c *Consumer) process(ctx, sess context.Context, pub *broker.Publisher, d amqp.Delivery, pause chan<- error) {
+func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery, pause chan<- error) {
 	start := time.Now()
 	c.noteEnqueued(d, start)
 	// The message's span: a child of the producer's traceparent, or the
@@ -64,7 +66,7 @@ func (c *Consumer) process(ctx, sess context.Context, pub *broker.Publisher, d a
 	case a.copy != nil:
 		msg := a.copy.publishing(d, time.Now())
 		msg.Headers[tracing.Header] = span.String()
-		if err := pub.Publish(ctx, a.copy.exchange, a.copy.queue, msg); err != nil {
+		if err := cp.publish(ctx, sess, a.copy.exchange, a.copy.queue, msg, c.m.Held.WithLabelValues("broker")); err != nil {
 			result, attempt, brokerErr = ResultRequeue, retryCount(d.Headers), d.Nack(false, true)
 			log.Error("copy not published; message requeued", zap.String("order_no", out.orderNo),
 				zap.String("queue", a.copy.queue), zap.Error(err))
@@ -134,6 +136,39 @@ func (c *Consumer) process(ctx, sess context.Context, pub *broker.Publisher, d a
 	}
 	c.log.Info("message handled", fields...)
 }
+
+// copier publishes a delivery's retry or terminal copy.
+type copier struct {
+	pub      *broker.Publisher
+	blocking *broker.Blocking // the publisher's connection's resource alarms
+}
+
+// publish publishes msg and waits for its confirm. While the broker blocks
+// the connection (a resource alarm), it holds the delivery (counted in
+// held) and publishes once the alarm clears, until sess ends: a copy
+// cannot be stored meanwhile, and sending the original back would spend
+// one of its deliveries on a quorum queue every publish timeout. A copy
+// sent as the block began may be stored too once the alarm clears: copies
+// are at least once, and the guards answer the second.
+func (cp copier) publish(ctx, sess context.Context, exchange, key string, msg amqp.Publishing, held prometheus.Gauge) error {
+	for {
+		if cp.blocking.Blocked() {
+			held.Inc()
+			unblocked := cp.blocking.Wait(sess)
+			held.Dec()
+			if !unblocked {
+				return fmt.Errorf("publish to %s/%s: %w", exchange, key, errBrokerBlocked)
+			}
+		}
+		err := cp.pub.Publish(ctx, exchange, key, msg)
+		if err == nil || !cp.blocking.Blocked() || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// errBrokerBlocked: the session ended while the broker blocked publishing.
+var errBrokerBlocked = errors.New("the broker blocks publishing (resource alarm)")
 
 // hold keeps a worker (and its delivery) waiting while a dependency is
 // down: consumption is paused (readiness off, logged once per pause) until

@@ -33,14 +33,25 @@ func (c *Consumer) session(ctx context.Context) error {
 		c.log.Warn("broker node changed", zap.String("from", *prev), zap.String("broker_node", node))
 	}
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
-	go func() {
-		for b := range blocked {
-			// A resource alarm: publishes (and acks on this connection) stall
-			// until it clears. Nothing is lost; say so.
-			c.log.Warn("broker blocked this connection", zap.Bool("active", b.Active), zap.String("reason", b.Reason))
+	// The retry and terminal copies go out on a connection of their own: in
+	// a resource alarm the broker stops reading a connection that
+	// publishes, acks included, and the payments that need no copy must
+	// still be acked.
+	pubConn, err := broker.Dial(c.cfg.URL, c.cfg.ConnectionName+" copies", c.cfg.TLS)
+	if err != nil {
+		return err
+	}
+	defer closeWithin(closeTimeout, func() { pubConn.Close() })
+	blocking := broker.WatchBlocking(pubConn, func(active bool, reason string) {
+		if active {
+			c.m.BrokerBlocked.WithLabelValues("consumer").Set(1)
+			c.log.Warn("broker blocks publishing (resource alarm): messages that need a retry or terminal copy are held until it clears",
+				zap.String("reason", reason))
+			return
 		}
-	}()
+		c.m.BrokerBlocked.WithLabelValues("consumer").Set(0)
+		c.log.Info("broker unblocked publishing", zap.String("reason", reason))
+	})
 
 	setup, err := conn.Channel()
 	if err != nil {
@@ -85,11 +96,11 @@ func (c *Consumer) session(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for range c.cfg.Workers {
 		wg.Go(func() {
-			pub := broker.NewPublisher(conn, c.cfg.PublishTimeout)
-			defer pub.Close()
+			cp := copier{pub: broker.NewPublisher(pubConn, c.cfg.PublishTimeout), blocking: blocking}
+			defer cp.pub.Close()
 			for d := range work {
 				d.Acknowledger = acks
-				c.process(procCtx, sessCtx, pub, d, pause)
+				c.process(procCtx, sessCtx, cp, d, pause)
 			}
 		})
 	}

@@ -37,8 +37,9 @@ type Metrics struct {
 	ReconcileProblems prometheus.Gauge
 	ReconcileLastRun  prometheus.Gauge
 	AlertFailures     prometheus.Counter
-	Held              *prometheus.GaugeVec // dependency: redis, mysql, other
+	Held              *prometheus.GaugeVec // dependency: redis, mysql, other, broker (a resource alarm)
 	DeadLettersClass  *prometheus.GaugeVec // class
+	BrokerBlocked     *prometheus.GaugeVec // component: consumer (its retry and terminal copies), outbox
 
 	own []prometheus.Collector
 }
@@ -126,11 +127,15 @@ func New() *Metrics {
 			Name: "paysvc_dead_letters_new_by_class", Help: "Dead letters in status NEW, by error class."}, []string{"class"}),
 		AlertFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paysvc_alert_webhook_failures_total", Help: "Rounds of dead-letter alerts the webhook refused or did not answer."}),
+		BrokerBlocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "paysvc_broker_blocked",
+			Help: "1 while the broker blocks a connection paysvc publishes on (a memory or disk alarm): consumer (retry and terminal copies; the messages that need one are held), outbox (notices)."},
+			[]string{"component"}),
 	}
 	m.own = []prometheus.Collector{m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
 		m.Pauses, m.Failovers, m.Paused, m.RequeuedAlone, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.ReconcileProblems,
-		m.ReconcileLastRun, m.AlertFailures, m.Held, m.DeadLettersClass}
+		m.ReconcileLastRun, m.AlertFailures, m.Held, m.DeadLettersClass, m.BrokerBlocked}
 	r.MustRegister(m.own...)
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every known series from the start, at 0: an alert on increase() sees
@@ -144,8 +149,11 @@ func New() *Metrics {
 	for _, c := range []string{"consumer", "monitor"} {
 		m.Reconnects.WithLabelValues(c)
 	}
-	for _, d := range []string{"redis", "mysql", "other"} {
+	for _, d := range []string{"redis", "mysql", "other", "broker"} {
 		m.Held.WithLabelValues(d)
+	}
+	for _, c := range []string{"consumer", "outbox"} {
+		m.BrokerBlocked.WithLabelValues(c)
 	}
 	// The ages the monitor samples (listener.MainQueue, TerminalQueue; the
 	// wait queues', named by the configured delays, on its first sample).

@@ -1,0 +1,97 @@
+package listener_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/paysvc/paysvc/internal/listener"
+	"github.com/paysvc/paysvc/internal/testenv"
+)
+
+// A resource alarm (here the memory watermark set to nothing, on a node of
+// the test's own: alarms are node-wide) stops the broker reading every
+// connection that publishes. A payment that needs a retry copy is held
+// (paysvc_broker_blocked, paysvc_held_messages{dependency="broker"}) and
+// its copy goes out once the alarm clears; the others are paid and acked
+// meanwhile, because the copies go out on a connection of their own and
+// the consumer's acks still flow. Before, the first copy blocked the
+// consumer's connection: its acks stalled, and every publish timeout
+// restarted the session and redelivered what was already paid.
+func TestResourceAlarmHoldsCopiesAndAcksTheRest(t *testing.T) {
+	t.Parallel()
+	node, _, addr := testenv.RabbitNode(t, "", nil)
+	e := newEnv(t)
+	e.amqpURL = "amqp://guest:guest@" + addr + "/"
+	conn, err := amqp.Dial(e.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	e.conn = conn
+	e.ch = e.channel()
+	e.declare()
+	e.seedAccount(9, "100.00")
+	bodies := [][]byte{body("ALARM-NONE", 9, "1.00")} // no such order: a retry copy, first
+	for i := range 20 {
+		no := fmt.Sprintf("ALARM%02d", i)
+		e.seedOrder(no, 9, "1.00")
+		bodies = append(bodies, body(no, 9, "1.00"))
+	}
+	e.publish(bodies...)
+
+	testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.0000001")
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return strings.Contains(testenv.RabbitCtl(t, node, "eval", "rabbit_alarm:get_alarms()."), "memory")
+	}, "the memory alarm never went off")
+	alarmCleared := false
+	t.Cleanup(func() {
+		if !alarmCleared {
+			testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.4")
+		}
+	})
+
+	e.start(e.redisAddr, e.dsn)
+	blocked := func() float64 { return testutil.ToFloat64(e.metrics.BrokerBlocked.WithLabelValues("consumer")) }
+	held := func() float64 { return testutil.ToFloat64(e.metrics.Held.WithLabelValues("broker")) }
+	testenv.Eventually(t, 30*time.Second, func() bool { return blocked() == 1 && held() == 1 },
+		"the copy was not held as blocked (paysvc_broker_blocked %v, held %v)", blocked(), held())
+	// The 20 payable ones: paid and acked during the alarm, once each.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return unackedAndReady(t, node) == "0 1"
+	}, "the payable messages were not acked during the alarm (ready, unacked: %s)", unackedAndReady(t, node))
+	for i := range 20 {
+		if no := fmt.Sprintf("ALARM%02d", i); e.flows(no) != 1 {
+			t.Fatalf("%s has %d flows", no, e.flows(no))
+		}
+	}
+	if r := e.results(); r["FIRST"] != 20 || r["DUPLICATE"] != 0 || r["RETRY"] != 0 {
+		t.Fatalf("outcomes during the alarm %v: want 20 FIRST, nothing redelivered, the copy held", r)
+	}
+	if n := testutil.ToFloat64(e.metrics.Reconnects.WithLabelValues("consumer")); n != 0 {
+		t.Fatalf("%v consumer sessions restarted during the alarm, want 0", n)
+	}
+
+	testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.4")
+	alarmCleared = true
+	e.waitResults(30*time.Second, func(r map[string]int) bool { return r["RETRY"] >= 1 },
+		"the held copy did not go out after the alarm")
+	testenv.Eventually(t, 10*time.Second, func() bool { return blocked() == 0 && held() == 0 },
+		"still reported blocked after the alarm (%v, held %v)", blocked(), held())
+}
+
+// unackedAndReady is the main queue's ready and unacknowledged message
+// counts on node, "ready unacked".
+func unackedAndReady(t *testing.T, node string) string {
+	out := testenv.RabbitCtl(t, node, "list_queues", "--no-table-headers", "name", "messages_ready", "messages_unacknowledged")
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == listener.MainQueue {
+			return f[1] + " " + f[2]
+		}
+	}
+	return "?"
+}
