@@ -80,7 +80,8 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	// The notices of the payments this process commits are born leased to
 	// it and handed straight to its dispatcher: no poll, no lease update.
 	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, TLS: amqpTLS, Name: name, Log: log,
-		Interval: dispatchInterval, Batch: dispatchBatch, Handoff: make(chan []string, dispatchHandoff)}
+		Interval: dispatchInterval, Batch: dispatchBatch, Handoff: make(chan []string, dispatchHandoff),
+		Blocked: m.BrokerBlocked.WithLabelValues("outbox")}
 	orders.NoticeLease, orders.OnCommitted = outbox.LeaseTime, dispatcher.Offer
 	deadLetters := deadletter.NewStore(db)
 	events := &trace.Recorder{DB: db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
@@ -33,6 +34,9 @@ type Dispatcher struct {
 	// yet marked when the process dies is sent again after its lease, as
 	// any notice sent and not marked: notices are at least once.
 	MarkDelay time.Duration
+	// Blocked, if not nil, is set to 1 while the broker blocks the
+	// dispatcher's connection (a resource alarm), and back to 0.
+	Blocked prometheus.Gauge
 
 	marks int // UPDATE statements marking notices sent (tests)
 }
@@ -119,6 +123,30 @@ func (d *Dispatcher) session(ctx context.Context) error {
 		return err
 	}
 	ch.Close()
+	blocking := broker.WatchBlocking(conn, func(active bool, reason string) {
+		if d.Blocked != nil {
+			d.Blocked.Set(0)
+			if active {
+				d.Blocked.Set(1)
+			}
+		}
+		if active {
+			d.Log.Warn("outbox dispatcher: the broker blocks publishing (resource alarm); notices wait until it clears",
+				zap.String("reason", reason))
+		}
+	})
+	// A publish that failed because the broker blocks the connection: wait
+	// for the alarm to clear on this connection instead of dialing another,
+	// which the broker would block at its first publish too (and keep).
+	// The failed notices are sent again: from the poll, after their lease
+	// or their backoff.
+	blockedWait := func(err error) error {
+		if err == nil || !blocking.Blocked() {
+			return err
+		}
+		blocking.Wait(ctx)
+		return nil
+	}
 	pub := broker.NewPublisher(conn, 10*time.Second)
 	defer pub.Close()
 	poll := time.NewTimer(0)
@@ -167,12 +195,12 @@ func (d *Dispatcher) session(ctx context.Context) error {
 					err = ferr
 				}
 			}
-			if err != nil {
+			if err := blockedWait(err); err != nil {
 				return err
 			}
 		case <-poll.C:
 			n, err := d.DispatchOnce(ctx, pub)
-			if err != nil {
+			if err := blockedWait(err); err != nil {
 				return err
 			}
 			if n < d.Batch {

@@ -5,9 +5,12 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
@@ -311,4 +314,73 @@ func TestDispatcherStopsWhenTheBrokerNeverAnswersTheClose(t *testing.T) {
 	case <-time.After(broker.CloseTimeout + 5*time.Second):
 		t.Fatalf("the dispatcher still stopping after %v: its close waits for a broker that never answers", time.Since(start))
 	}
+}
+
+// A resource alarm (the memory watermark set to nothing on a node of the
+// test's own) blocks the dispatcher's connection at its first publish. It
+// waits on that connection for the alarm to clear (paysvc_broker_blocked
+// {component="outbox"} 1) instead of dialing again every backoff, each new
+// connection blocked and kept by the broker; then the notice goes out and
+// is marked SENT.
+func TestDispatcherWaitsOutAResourceAlarmOnOneConnection(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	node, _, addr := testenv.RabbitNode(t, "", nil)
+	amqpURL := "amqp://guest:guest@" + addr + "/"
+	ch, err := dial(t, amqpURL).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Declare(ch); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.AddPaymentSucceeded(context.Background(), db, "ALARM1", 1, money.Cents(100), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.0000001")
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return strings.Contains(testenv.RabbitCtl(t, node, "eval", "rabbit_alarm:get_alarms()."), "memory")
+	}, "the memory alarm never went off")
+	cleared := false
+	t.Cleanup(func() {
+		if !cleared {
+			testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.4")
+		}
+	})
+	blocked := prometheus.NewGauge(prometheus.GaugeOpts{Name: "blocked"})
+	d := &outbox.Dispatcher{DB: db, URL: amqpURL, Name: t.Name(), Interval: 50 * time.Millisecond, Batch: 100,
+		Log: zap.NewNop(), Blocked: blocked}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testenv.Eventually(t, 30*time.Second, func() bool { return testutil.ToFloat64(blocked) == 1 },
+		"the dispatcher never reported the block")
+	// Past a publish timeout (10 s) and the backoff after it: still the
+	// one connection.
+	time.Sleep(14 * time.Second)
+	if n := connections(t, node, t.Name()+" outbox"); n != 1 {
+		t.Fatalf("%d dispatcher connections on the broker during the alarm, want 1", n)
+	}
+	testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.4")
+	cleared = true
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var n int
+		db.Get(&n, "SELECT COUNT(*) FROM t_outbox WHERE biz_no = 'ALARM1' AND status = 'SENT'")
+		return n == 1
+	}, "the notice was not sent once the alarm cleared")
+	if testutil.ToFloat64(blocked) != 0 {
+		t.Fatal("still reported blocked after the alarm")
+	}
+}
+
+// connections counts node's client connections named name.
+func connections(t *testing.T, node, name string) int {
+	n := 0
+	for _, line := range strings.Split(testenv.RabbitCtl(t, node, "list_connections", "--no-table-headers", "client_properties"), "\n") {
+		if strings.Contains(line, `"`+name+`"`) {
+			n++
+		}
+	}
+	return n
 }
