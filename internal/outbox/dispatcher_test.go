@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/money"
@@ -319,9 +321,9 @@ func TestDispatcherStopsWhenTheBrokerNeverAnswersTheClose(t *testing.T) {
 // A resource alarm (the memory watermark set to nothing on a node of the
 // test's own) blocks the dispatcher's connection at its first publish. It
 // waits on that connection for the alarm to clear (paysvc_broker_blocked
-// {component="outbox"} 1) instead of dialing again every backoff, each new
-// connection blocked and kept by the broker; then the notice goes out and
-// is marked SENT.
+// {component="outbox"} 1) instead of ending its session and dialing again
+// after every publish timeout, each new connection blocked at its first
+// publish; then the notice goes out and is marked SENT.
 func TestDispatcherWaitsOutAResourceAlarmOnOneConnection(t *testing.T) {
 	t.Parallel()
 	_, db := testenv.MySQL(t)
@@ -348,8 +350,9 @@ func TestDispatcherWaitsOutAResourceAlarmOnOneConnection(t *testing.T) {
 		}
 	})
 	blocked := prometheus.NewGauge(prometheus.GaugeOpts{Name: "blocked"})
+	core, logs := observer.New(zapcore.InfoLevel)
 	d := &outbox.Dispatcher{DB: db, URL: amqpURL, Name: t.Name(), Interval: 50 * time.Millisecond, Batch: 100,
-		Log: zap.NewNop(), Blocked: blocked}
+		Log: zap.New(core), Blocked: blocked}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); d.Run(ctx) }()
@@ -361,6 +364,9 @@ func TestDispatcherWaitsOutAResourceAlarmOnOneConnection(t *testing.T) {
 	time.Sleep(14 * time.Second)
 	if n := connections(t, node, t.Name()+" outbox"); n != 1 {
 		t.Fatalf("%d dispatcher connections on the broker during the alarm, want 1", n)
+	}
+	if n := logs.FilterMessage("outbox dispatcher: retrying").Len(); n != 0 {
+		t.Fatalf("the dispatcher ended %d sessions during the alarm, want none", n)
 	}
 	testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.4")
 	cleared = true
