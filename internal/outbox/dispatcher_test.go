@@ -359,9 +359,9 @@ func TestDispatcherWaitsOutAResourceAlarmOnOneConnection(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	testenv.Eventually(t, 30*time.Second, func() bool { return testutil.ToFloat64(blocked) == 1 },
 		"the dispatcher never reported the block")
-	// Past a publish timeout (10 s) and the backoff after it: still the
-	// one connection.
-	time.Sleep(14 * time.Second)
+	// Past a publish timeout (10 s), the bounded close after it (5 s) and
+	// a backoff: still the one session and connection.
+	time.Sleep(20 * time.Second)
 	if n := connections(t, node, t.Name()+" outbox"); n != 1 {
 		t.Fatalf("%d dispatcher connections on the broker during the alarm, want 1", n)
 	}
