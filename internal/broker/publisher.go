@@ -30,6 +30,11 @@ func NewPublisher(conn *amqp.Connection, timeout time.Duration) *Publisher {
 // ErrUnroutable: the broker returned a mandatory message no queue took.
 var ErrUnroutable = errors.New("returned unroutable")
 
+// ErrNacked: the broker refused the message (basic.nack): a queue at its
+// length limit with x-overflow reject-publish, or an internal error. It is
+// not stored.
+var ErrNacked = errors.New("nacked by the broker")
+
 // ErrUnconfirmed: the message was written to the broker, and its confirm
 // did not come (the wait ran out, the context ended, the connection
 // dropped): it may be stored and routed, or not. Not safely stored; not
@@ -61,7 +66,7 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 		return fmt.Errorf("publish to %s/%s: %w: %w", exchange, key, ErrUnconfirmed, err)
 	}
 	if !acked {
-		return fmt.Errorf("publish to %s/%s: nacked by the broker", exchange, key)
+		return fmt.Errorf("publish to %s/%s: %w", exchange, key, ErrNacked)
 	}
 	select {
 	case r, ok := <-p.returns:
@@ -126,7 +131,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, exchange, key string, msgs
 			p.reset()
 			return fail(0, fmt.Errorf("publish to %s/%s: %w: %w", exchange, key, ErrUnconfirmed, err))
 		case !acked:
-			errs[i] = fmt.Errorf("publish to %s/%s: nacked by the broker", exchange, key)
+			errs[i] = fmt.Errorf("publish to %s/%s: %w", exchange, key, ErrNacked)
 		}
 	}
 	// Every return came before its message's ack: they are all here.

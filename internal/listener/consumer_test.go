@@ -570,8 +570,13 @@ func TestWrongPasswordStopsStartUp(t *testing.T) {
 	}
 }
 
-// The broker refuses (nacks) the terminal copy: the original must go back to
-// the queue, never be acked and dropped.
+// The broker refuses (nacks) the terminal copy (an operator's policy caps
+// the terminal queue, reject-publish): the original is held and the copy
+// tried again with backoff, never acked and dropped, while the other
+// payments are paid and the session goes on. When the session ends (here
+// the consumer stops) it goes back to the queue. Before, every refusal sent
+// the original straight back and restarted the session: on RabbitMQ 4.3+,
+// where such a return spends no delivery, for ever.
 func TestNackedTerminalCopyKeepsTheOriginal(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -580,18 +585,29 @@ func TestNackedTerminalCopyKeepsTheOriginal(t *testing.T) {
 	if !testenv.Nacked(t, e.amqpURL, listener.TerminalQueue, []byte("filler"), 15*time.Second) {
 		t.Fatal("the broker never refused a publish to the capped terminal queue")
 	}
-	e.publish([]byte(`not json`))
+	e.seedAccount(10, "100.00")
+	bodies := [][]byte{[]byte(`not json`)} // a terminal copy, first
+	for i := range 10 {
+		no := fmt.Sprintf("CAP%02d", i)
+		e.seedOrder(no, 10, "1.00")
+		bodies = append(bodies, body(no, 10, "1.00"))
+	}
+	e.publish(bodies...)
 	c := e.start(e.redisAddr, e.dsn)
-	e.waitResults(15*time.Second, func(r map[string]int) bool { return r["REQUEUE"] >= 1 }, "the refused copy was not noticed")
-	failed := e.logs.FilterMessageSnippet("copy not published").All()
-	if len(failed) == 0 || !strings.Contains(fmt.Sprint(failed[0].ContextMap()["error"]), "nacked") {
-		t.Fatalf("want a nacked publish, got %v", failed)
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		refused := e.logs.FilterMessage("copy refused by the broker; holding the message and trying again").All()
+		return len(refused) >= 2 && strings.Contains(fmt.Sprint(refused[0].ContextMap()["error"]), "nacked") &&
+			testutil.ToFloat64(e.metrics.Held.WithLabelValues("broker")) == 1
+	}, "the refused copy was not held and tried again")
+	e.waitResults(15*time.Second, func(r map[string]int) bool { return r["FIRST"] == 10 }, "the other payments were not paid meanwhile")
+	if n := testutil.ToFloat64(e.metrics.Reconnects.WithLabelValues("consumer")); n != 0 || e.results()["REQUEUE"] != 0 {
+		t.Fatalf("%v consumer sessions restarted, outcomes %v: want none, nothing sent back while held", n, e.results())
 	}
 	if err := c.stop(); err != nil {
 		t.Fatal(err)
 	}
-	if r := e.results(); r["TERMINAL"] != 0 {
-		t.Fatalf("outcomes %v: a refused copy counted as terminal", r)
+	if r := e.results(); r["TERMINAL"] != 0 || r["REQUEUE"] != 1 {
+		t.Fatalf("outcomes %v: want the original sent back once at the stop, never counted as terminal", r)
 	}
 	if n := e.depth(listener.MainQueue); n != 1 {
 		t.Fatalf("%d messages in the main queue, want the original back", n)

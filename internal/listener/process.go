@@ -139,18 +139,28 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 
 // copier publishes a delivery's retry or terminal copy.
 type copier struct {
-	pub      *broker.Publisher
-	blocking *broker.Blocking // the publisher's connection's resource alarms
+	pub        *broker.Publisher
+	blocking   *broker.Blocking // the publisher's connection's resource alarms
+	maxBackoff time.Duration
+	log        *zap.Logger
 }
 
-// publish publishes msg and waits for its confirm. While the broker blocks
-// the connection (a resource alarm), it holds the delivery (counted in
-// held) and publishes once the alarm clears, until sess ends: a copy
-// cannot be stored meanwhile, and sending the original back would spend
-// one of its deliveries on a quorum queue every publish timeout. A copy
-// sent as the block began may be stored too once the alarm clears: copies
-// are at least once, and the guards answer the second.
+// publish publishes msg and waits for its confirm. It holds the delivery
+// (counted in held) while the broker cannot store the copy, until sess
+// ends, rather than send the original back, which would spend one of its
+// deliveries on a quorum queue each time round (none on RabbitMQ 4.3+: an
+// endless loop), or end the session, which would not help:
+//   - while the broker blocks the connection (a resource alarm), until the
+//     alarm clears. A copy written as the block began may be stored too
+//     once it clears: copies are at least once, and the guards answer the
+//     second;
+//   - while the broker refuses the copy (nack: the queue at a length limit
+//     an operator's policy set, with reject-publish), with backoff.
+//
+// Any other failure (the connection lost, the copy unroutable: a queue
+// deleted, which a new session declares again) is returned at once.
 func (cp copier) publish(ctx, sess context.Context, exchange, key string, msg amqp.Publishing, held prometheus.Gauge) error {
+	bo := broker.Backoff{Max: cp.maxBackoff}
 	for {
 		if cp.blocking.Blocked() {
 			held.Inc()
@@ -161,7 +171,21 @@ func (cp copier) publish(ctx, sess context.Context, exchange, key string, msg am
 			}
 		}
 		err := cp.pub.Publish(ctx, exchange, key, msg)
-		if err == nil || !cp.blocking.Blocked() || ctx.Err() != nil {
+		switch {
+		case err == nil || ctx.Err() != nil:
+			return err
+		case cp.blocking.Blocked():
+		case errors.Is(err, broker.ErrNacked):
+			wait := bo.Next()
+			cp.log.Warn("copy refused by the broker; holding the message and trying again",
+				zap.String("queue", key), zap.Duration("backoff", wait), zap.Error(err))
+			held.Inc()
+			slept := broker.Sleep(sess, wait)
+			held.Dec()
+			if !slept {
+				return err
+			}
+		default:
 			return err
 		}
 	}

@@ -96,7 +96,8 @@ func (c *Consumer) session(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for range c.cfg.Workers {
 		wg.Go(func() {
-			cp := copier{pub: broker.NewPublisher(pubConn, c.cfg.PublishTimeout), blocking: blocking}
+			cp := copier{pub: broker.NewPublisher(pubConn, c.cfg.PublishTimeout), blocking: blocking,
+				maxBackoff: c.cfg.MaxBackoff, log: c.log}
 			defer cp.pub.Close()
 			for d := range work {
 				d.Acknowledger = acks

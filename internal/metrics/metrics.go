@@ -37,7 +37,7 @@ type Metrics struct {
 	ReconcileProblems prometheus.Gauge
 	ReconcileLastRun  prometheus.Gauge
 	AlertFailures     prometheus.Counter
-	Held              *prometheus.GaugeVec // dependency: redis, mysql, other, broker (a resource alarm)
+	Held              *prometheus.GaugeVec // dependency: redis, mysql, other, broker (a copy the broker blocks or refuses)
 	DeadLettersClass  *prometheus.GaugeVec // class
 	BrokerBlocked     *prometheus.GaugeVec // component: consumer (its retry and terminal copies), outbox
 
@@ -121,7 +121,7 @@ func New() *Metrics {
 		ReconcileLastRun: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_reconcile_last_run_timestamp_seconds", Help: "When the last scheduled reconciliation finished (Unix time; 0: none yet)."}),
 		Held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "paysvc_held_messages", Help: "Messages workers hold while consumption is paused, by the dependency that is down (0: not paused on it)."},
+			Name: "paysvc_held_messages", Help: "Messages workers hold while consumption is paused, by the dependency that is down (0: not paused on it); broker: messages whose retry or terminal copy the broker blocks (resource alarm) or refuses (nack), held until it takes it."},
 			[]string{"dependency"}),
 		DeadLettersClass: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "paysvc_dead_letters_new_by_class", Help: "Dead letters in status NEW, by error class."}, []string{"class"}),

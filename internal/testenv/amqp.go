@@ -130,6 +130,16 @@ func SetPolicy(t testing.TB, amqpURL, name, pattern, definition string) {
 	rabbitmqctl(t, "set_policy", "-p", strings.TrimPrefix(u.Path, "/"), "--apply-to", "queues", name, pattern, definition)
 }
 
+// ClearPolicy removes a policy SetPolicy set.
+func ClearPolicy(t testing.TB, amqpURL, name string) {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rabbitmqctl(t, "clear_policy", "-p", strings.TrimPrefix(u.Path, "/"), name)
+}
+
 // Nacked publishes body to queue until the broker nacks one, and reports
 // whether it did before the deadline.
 func Nacked(t testing.TB, amqpURL, queue string, body []byte, within time.Duration) bool {
