@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -149,50 +148,21 @@ func TestMySQLTLS(t *testing.T) {
 // TLS-only RabbitMQ node started for the test with a throwaway CA.
 func TestAMQPTLS(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Fatal("starting a second RabbitMQ node needs root (Debian's rabbitmq-server runs as rabbitmq)")
-	}
 	w := newWorld(t)
 	ca := testenv.CA(t)
-	dir, err := os.MkdirTemp("", "paysvc-rabbit-tls-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	files := map[string][]byte{}
 	for _, f := range []string{"ca.pem", "server.pem", "server-key.pem"} {
-		b, _ := os.ReadFile(filepath.Join(ca, f))
-		os.WriteFile(filepath.Join(dir, f), b, 0o644) // the node runs as rabbitmq
+		b, err := os.ReadFile(filepath.Join(ca, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[f] = b
 	}
-	os.Chmod(dir, 0o755)
-	for _, sub := range []string{"mnesia", "log"} {
-		os.MkdirAll(filepath.Join(dir, sub), 0o755)
-		exec.Command("chown", "-R", "rabbitmq", filepath.Join(dir, sub)).Run()
-	}
-	addr := freeAddr(t)
-	_, port, _ := net.SplitHostPort(addr)
-	dist := freeAddr(t)
-	_, distPort, _ := net.SplitHostPort(dist)
-	node := "paysvc_tls_" + port + "@localhost"
-	conf := fmt.Sprintf("listeners.tcp = none\nlisteners.ssl.default = %s\nssl_options.cacertfile = %s\n"+
-		"ssl_options.certfile = %s\nssl_options.keyfile = %s\nssl_options.verify = verify_none\n"+
-		"ssl_options.fail_if_no_peer_cert = false\n", port, filepath.Join(dir, "ca.pem"),
-		filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem"))
-	os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644)
-	os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644)
-	srv := exec.Command("rabbitmq-server")
-	srv.Env = append(os.Environ(), "RABBITMQ_NODENAME="+node, "RABBITMQ_DIST_PORT="+distPort,
-		"RABBITMQ_MNESIA_BASE="+filepath.Join(dir, "mnesia"), "RABBITMQ_LOG_BASE="+filepath.Join(dir, "log"),
-		"RABBITMQ_CONFIG_FILE="+filepath.Join(dir, "rabbitmq"), "RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"),
-		"RABBITMQ_PID_FILE="+filepath.Join(dir, "mnesia", "pid"))
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		exec.Command("rabbitmqctl", "-n", node, "-q", "stop").Run()
-		srv.Process.Kill()
-		srv.Wait()
-	})
-	waitPort(t, addr)
+	// The node's directory is known once it exists: name the files from it.
+	const conf = "listeners.tcp = none\nlisteners.ssl.default = {{PORT}}\nssl_options.cacertfile = {{DIR}}/ca.pem\n" +
+		"ssl_options.certfile = {{DIR}}/server.pem\nssl_options.keyfile = {{DIR}}/server-key.pem\n" +
+		"ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n"
+	_, _, addr := testenv.RabbitNode(t, conf, files)
 
 	url := "amqps://guest:guest@" + addr + "/"
 	caFile := filepath.Join(ca, "ca.pem")

@@ -13,11 +13,11 @@ import (
 // its own (Debian's rabbitmq-server, run as the rabbitmq user, so it needs
 // root), for what a vhost cannot isolate: resource alarms, TLS listeners,
 // node-wide settings. conf is added to its rabbitmq.conf; files (name →
-// content) are written next to it, readable by the node (their paths:
-// filepath.Join(dir, name)). It returns the node's name, its directory and
-// its AMQP address (the plain listener unless conf sets
-// listeners.tcp = none; then the port of listeners.ssl.default must be
-// {{PORT}} in conf). The node is stopped at the end of the test.
+// content) are written next to it, readable by the node ({{DIR}} in conf
+// is their directory). It returns the node's name, its directory and its
+// AMQP address (the plain listener unless conf sets listeners.tcp = none;
+// then the port of listeners.ssl.default must be {{PORT}} in conf). The
+// node is stopped at the end of the test.
 func RabbitNode(t testing.TB, conf string, files map[string][]byte) (node, dir, addr string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -45,7 +45,7 @@ func RabbitNode(t testing.TB, conf string, files map[string][]byte) (node, dir, 
 	if !strings.Contains(conf, "listeners.tcp") {
 		conf = "listeners.tcp.default = 127.0.0.1:" + port + "\n" + conf
 	}
-	conf = strings.ReplaceAll(conf, "{{PORT}}", port)
+	conf = strings.NewReplacer("{{PORT}}", port, "{{DIR}}", dir).Replace(conf)
 	if err := os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
