@@ -95,7 +95,7 @@ func repeat(times int, every time.Duration, f func(ctx context.Context, w *world
 
 func killMySQLConnections(ctx context.Context, w *world) error {
 	var ids []int64
-	if err := w.admin.SelectContext(ctx, &ids, "SELECT id FROM information_schema.processlist WHERE db = ? AND id <> CONNECTION_ID()", w.dbName); err != nil {
+	if err := w.admin.SelectContext(ctx, &ids, "SELECT id FROM information_schema.processlist WHERE user = ?", w.user); err != nil {
 		return err
 	}
 	for _, id := range ids {
@@ -201,9 +201,9 @@ var scenarios = []scenario{
 		inject: repeat(3, time.Second, func(ctx context.Context, w *world) error { w.deleteKeys(); return nil }),
 		verify: atLeast(1, "duplicates the database caught after Redis forgot them",
 			msg("redis and database disagree: key was new, the database had the payment"))},
-	{name: "redis-clients-killed", faults: "CLIENT KILL TYPE normal, 3 times",
+	{name: "redis-clients-killed", faults: "CLIENT KILL USER (paysvc's), 3 times",
 		inject: repeat(3, 300*time.Millisecond, func(ctx context.Context, w *world) error {
-			n, err := w.rdb.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Int()
+			n, err := w.rdb.Do(ctx, "CLIENT", "KILL", "USER", w.user).Int()
 			w.hit(n)
 			return err
 		}),

@@ -50,6 +50,11 @@ type world struct {
 	rdb      *redis.Client
 	prefix   string
 	delays   []time.Duration
+	// The instances' own MySQL user and Redis ACL user (name and
+	// password; "" in the cluster suite), so that a fault meant for paysvc
+	// hits only its connections, never the suite's or another client's of
+	// the shared servers.
+	user, password string
 
 	toxi                   *toxiproxy.ApiServer
 	mysqlProxy, redisProxy *toxiproxy.Proxy
@@ -120,6 +125,9 @@ func newWorld(ctx context.Context, name string, srv servers, binary, logDir stri
 		return w, err
 	}
 	w.rdb = redis.NewClient(&redis.Options{Addr: srv.redisAddr})
+	if err := w.addUsers(ctx); err != nil {
+		return w, err
+	}
 
 	w.toxi = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	u, _ := splitHostPort(srv.amqpURL)
@@ -203,9 +211,34 @@ func splitHostPort(amqpURL string) (string, error) {
 	return u, err
 }
 
-// close stops everything and removes the database, vhost and keys.
+// addUsers creates the instances' own MySQL user (every right on the
+// world's database) and Redis ACL user (every command and key: the
+// instances use the world's prefix); close drops them.
+func (w *world) addUsers(ctx context.Context) error {
+	user, password := "chaos_"+randHex(4), randHex(12)
+	if _, err := w.admin.ExecContext(ctx, fmt.Sprintf("CREATE USER '%s'@'%%' IDENTIFIED BY '%s'", user, password)); err != nil {
+		return fmt.Errorf("mysql user: %w", err)
+	}
+	w.user = user
+	if _, err := w.admin.ExecContext(ctx, fmt.Sprintf("GRANT ALL ON `%s`.* TO '%s'@'%%'", w.dbName, user)); err != nil {
+		return fmt.Errorf("mysql grant: %w", err)
+	}
+	if err := w.rdb.Do(ctx, "ACL", "SETUSER", user, "on", ">"+password, "~*", "&*", "+@all").Err(); err != nil {
+		return fmt.Errorf("redis acl user: %w", err)
+	}
+	w.password = password
+	return nil
+}
+
+// close stops everything and removes the database, vhost, keys and users.
 func (w *world) close() {
 	w.stopAll(15 * time.Second)
+	if w.user != "" && w.admin != nil {
+		w.admin.Exec(fmt.Sprintf("DROP USER IF EXISTS '%s'@'%%'", w.user))
+	}
+	if w.password != "" && w.rdb != nil {
+		w.rdb.Do(context.Background(), "ACL", "DELUSER", w.user) // also disconnects its clients
+	}
 	if w.commitCut != nil {
 		w.commitCut.close()
 	}
@@ -261,10 +294,13 @@ func (w *world) env() []string {
 	} else {
 		mcfg, _ := mysql.ParseDSN(w.srv.mysqlDSN)
 		mcfg.Addr, mcfg.DBName = w.commitCut.addr(), w.dbName
+		mcfg.User, mcfg.Passwd = w.user, w.password
 		servers = []string{
 			"PAYSVC_AMQP_URL=" + strings.Replace(strings.TrimSuffix(w.srv.amqpURL, "/"), mustHost(w.srv.amqpURL), w.amqpProxy.Listen, 1) + "/" + w.vhost,
 			"PAYSVC_MYSQL_DSN=" + mcfg.FormatDSN(),
 			"PAYSVC_REDIS_ADDR=" + w.redisProxy.Listen,
+			"PAYSVC_REDIS_USERNAME=" + w.user,
+			"PAYSVC_REDIS_PASSWORD=" + w.password,
 		}
 	}
 	return append(servers,
