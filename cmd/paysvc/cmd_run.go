@@ -100,12 +100,15 @@ func versionString() string {
 	return fmt.Sprintf("paysvc %s revision %s %s", version, cmp.Or(rev, "unknown"), runtime.Version())
 }
 
+// runHealthcheck reads http.addr alone, not the whole configuration: a
+// secret file the daemon read at start and that is briefly unreadable now
+// (a rotation) must not make a healthy container unhealthy.
 func runHealthcheck(ctx context.Context, c *cmdLine) error {
-	cfg, err := c.config()
+	addr, err := httpAddr(c.configPath, c.mustExist, c.env)
 	if err != nil {
 		return err
 	}
-	return healthcheck(ctx, cfg.HTTP.Addr, c.out)
+	return healthcheck(ctx, addr, c.out)
 }
 
 // healthcheck asks the paysvc on this host for GET /healthz at addr (the

@@ -144,6 +144,38 @@ func loadConfig(path string, mustExist bool, env map[string]string) (*Config, er
 	return &c, nil
 }
 
+// httpAddr is http.addr as loadConfig would read it (the environment, its
+// _FILE, the config file, the default), reading nothing else.
+func httpAddr(path string, mustExist bool, env map[string]string) (string, error) {
+	const key = "http.addr"
+	name := envName(key)
+	if file, ok := env[name+"_FILE"]; ok {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("%s: %s_FILE: %w", key, name, err)
+		}
+		return strings.TrimRight(string(b), "\r\n"), nil
+	}
+	if v, ok := env[name]; ok {
+		return v, nil
+	}
+	v := viper.New()
+	for _, k := range keys {
+		if k.name == key {
+			v.SetDefault(key, k.def)
+		}
+	}
+	v.SetConfigFile(path)
+	v.SetConfigType("yaml")
+	if err := v.ReadInConfig(); err != nil {
+		var notFound viper.ConfigFileNotFoundError
+		if mustExist || !(errors.As(err, &notFound) || errors.Is(err, os.ErrNotExist)) {
+			return "", fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	return v.GetString(key), nil
+}
+
 // RedisAddrs splits redis.addr: one address, or several for Sentinel
 // (with redis.masterName) or Cluster.
 func (c *Config) RedisAddrs() []string { return splitAddrs(c.Redis.Addr) }

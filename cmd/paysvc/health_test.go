@@ -4,6 +4,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +50,14 @@ func TestHealthzAnswersBeforeMySQL(t *testing.T) {
 	check := w.start(env, "healthcheck")
 	if err := check.wait(t, 10*time.Second); err != nil {
 		t.Fatalf("healthcheck while MySQL is down: %v\n%s", err, check.out)
+	}
+	// The healthcheck reads http.addr alone: a secret file unreadable for
+	// a moment (a rotation), or any other key the daemon read at start,
+	// does not fail a daemon that answers.
+	missing := filepath.Join(t.TempDir(), "rotating")
+	check = w.start(append(slices.Clip(env), "PAYSVC_REDIS_PASSWORD_FILE="+missing), "healthcheck")
+	if err := check.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("healthcheck with a secret file missing: %v\n%s", err, check.out)
 	}
 	if !strings.Contains(p.out.String(), "mysql unavailable; waiting") {
 		t.Fatalf("the daemon did not say it waits for MySQL:\n%s", p.out)
