@@ -310,9 +310,7 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	// Not the request's context: a browser closed between a copy's publish
-	// and its confirm would leave its outcome unknown.
-	res, err := s.Replayer.Replay(context.WithoutCancel(r.Context()), []deadletter.DeadLetter{d}, operator, reason, false)
+	res, err := s.Replayer.Replay(r.Context(), []deadletter.DeadLetter{d}, operator, reason, false)
 	msg := ""
 	switch {
 	case err != nil:
@@ -425,7 +423,7 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 	}
 	op := operator(r)
 	if action == "replay" {
-		res, err := s.Replayer.Replay(context.WithoutCancel(r.Context()), rows, op, reason, false) // as above
+		res, err := s.Replayer.Replay(r.Context(), rows, op, reason, false)
 		if err != nil {
 			data["Problem"] = "replay failed: " + err.Error()
 		}

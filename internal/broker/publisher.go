@@ -35,6 +35,10 @@ var ErrUnroutable = errors.New("returned unroutable")
 // not stored.
 var ErrNacked = errors.New("nacked by the broker")
 
+// ErrNoChannel: the publisher could not open its channel (nothing was
+// sent).
+var ErrNoChannel = errors.New("no publisher channel")
+
 // ErrUnconfirmed: the message was written to the broker, and its confirm
 // did not come (the wait ran out, the context ended, the connection
 // dropped): it may be stored and routed, or not. Not safely stored; not
@@ -66,6 +70,12 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 		return fmt.Errorf("publish to %s/%s: %w: %w", exchange, key, ErrUnconfirmed, err)
 	}
 	if !acked {
+		if p.ch.IsClosed() {
+			// The client resolves the confirms a closing channel still
+			// waits for as nacks: nothing says the broker refused it.
+			p.reset()
+			return fmt.Errorf("publish to %s/%s: %w: the channel closed", exchange, key, ErrUnconfirmed)
+		}
 		return fmt.Errorf("publish to %s/%s: %w", exchange, key, ErrNacked)
 	}
 	select {
@@ -130,6 +140,10 @@ func (p *Publisher) PublishBatch(ctx context.Context, exchange, key string, msgs
 			// return came before its ack), and reset drops that return.
 			p.reset()
 			return fail(0, fmt.Errorf("publish to %s/%s: %w: %w", exchange, key, ErrUnconfirmed, err))
+		case !acked && p.ch.IsClosed():
+			// A closing channel's confirms read as nacks (see Publish).
+			p.reset()
+			return fail(0, fmt.Errorf("publish to %s/%s: %w: the channel closed", exchange, key, ErrUnconfirmed))
 		case !acked:
 			errs[i] = fmt.Errorf("publish to %s/%s: %w", exchange, key, ErrNacked)
 		}
@@ -167,12 +181,12 @@ func (p *Publisher) open(ctx context.Context) error {
 	go func() {
 		ch, err := p.conn.Channel()
 		if err != nil {
-			done <- opened{err: fmt.Errorf("publisher channel: %w", err)}
+			done <- opened{err: fmt.Errorf("%w: %w", ErrNoChannel, err)}
 			return
 		}
 		if err := ch.Confirm(false); err != nil {
 			ch.Close()
-			done <- opened{err: fmt.Errorf("publisher confirms: %w", err)}
+			done <- opened{err: fmt.Errorf("%w: confirms: %w", ErrNoChannel, err)}
 			return
 		}
 		done <- opened{ch: ch}
@@ -186,7 +200,7 @@ func (p *Publisher) open(ctx context.Context) error {
 				o.ch.Close()
 			}
 		}()
-		return fmt.Errorf("publisher channel: %w", ctx.Err())
+		return fmt.Errorf("%w: %w", ErrNoChannel, ctx.Err())
 	}
 	if o.err != nil {
 		return o.err

@@ -95,7 +95,10 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {ARGV[1], tonumber(ARGV[2])}
 end
 local t = redis.call('TYPE', KEYS[1])['ok']
-if t ~= 'string' and t ~= 'none' then
+if t == 'none' then
+  return {false, -2}
+end
+if t ~= 'string' then
   return {'<' .. t .. '>', redis.call('PTTL', KEYS[1])}
 end
 return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
@@ -142,15 +145,15 @@ func (g *Guard) claim(ctx context.Context, orderNo, token string) (State, Claim,
 	if ms, ok := res[1].(int64); ok {
 		c.Remaining = time.Duration(ms) * time.Millisecond
 	}
-	switch v, _ := res[0].(string); {
+	switch v, isString := res[0].(string); {
+	case !isString:
+		// The key vanished between SET and GET: impossible inside a script,
+		// but in flight is the safe reading.
+		return InFlight, c, nil
 	case v == token:
 		return Claimed, c, nil
 	case v == doneValue:
 		return Done, c, nil
-	case v == "":
-		// The key vanished between SET and GET: impossible inside a script,
-		// but in flight is the safe reading.
-		return InFlight, c, nil
 	case strings.HasPrefix(v, inFlightPrefix):
 		return InFlight, c, nil
 	}

@@ -254,7 +254,8 @@ func TestClaimReadsForeignValues(t *testing.T) {
 			rdb.Set(ctx, g.Key("LEGACY"), "1", 24*time.Hour)
 			rdb.HSet(ctx, g.Key("HASH"), "a", "b")
 			rdb.Set(ctx, g.Key("OTHER"), "inflight", 0) // no token after the prefix's colon: not paysvc's
-			for _, no := range []string{"LEGACY", "HASH", "OTHER"} {
+			rdb.Set(ctx, g.Key("EMPTY"), "", 0)
+			for _, no := range []string{"LEGACY", "HASH", "OTHER", "EMPTY"} {
 				st, c, err := g.Claim(ctx, no)
 				if err != nil || st != Foreign {
 					t.Fatalf("claim of %s = %v, %v; want foreign", no, st, err)

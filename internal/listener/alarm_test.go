@@ -95,3 +95,28 @@ func unackedAndReady(t *testing.T, node string) string {
 	}
 	return "?"
 }
+
+// A copy whose channel the broker closes (here its exchange was deleted:
+// 404) is not a refusal, although the client resolves a closing channel's
+// confirms as nacks: the original goes back and a new session declares the
+// topology again, and the copy then goes out. Held as a refusal, it would
+// wait for ever.
+func TestCopyOnAClosedChannelIsNotARefusal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	e.seedAccount(11, "10.00")
+	e.seedOrder("GONE1", 11, "1.00")
+	e.start(e.redisAddr, e.dsn)
+	e.publish(body("GONE1", 11, "1.00"))
+	e.waitResults(10*time.Second, func(r map[string]int) bool { return r["FIRST"] == 1 }, "not consuming")
+	if err := e.channel().ExchangeDelete(listener.DLXExchange, false, false); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(body("GONE-NONE", 11, "1.00")) // no such order: a retry copy to the deleted exchange
+	e.waitResults(30*time.Second, func(r map[string]int) bool { return r["RETRY"] >= 1 },
+		"the copy never went out once the topology was declared again")
+	if n := len(e.logs.FilterMessage("copy refused by the broker; holding the message and trying again").All()); n != 0 {
+		t.Fatalf("a closed channel was taken for a refusal %d times", n)
+	}
+}

@@ -117,7 +117,10 @@ func (e brokerError) Unwrap() error { return e.error }
 func (m *Monitor) Poll(ctx context.Context) error {
 	now := time.Now()
 	m.followRedis(ctx)
-	newCount, oldestNew, dbErr := m.pollDB(ctx)
+	// Bounded: a black-holed database must not stall the broker's sample.
+	dbCtx, cancel := context.WithTimeout(ctx, max(m.Interval, 5*time.Second))
+	newCount, oldestNew, dbErr := m.pollDB(dbCtx)
+	cancel()
 	depths, err := m.pollBroker(ctx, now)
 	if err != nil {
 		return errors.Join(dbErr, brokerError{err})

@@ -41,7 +41,7 @@ func (c *Consumer) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer closeWithin(closeTimeout, func() { pubConn.Close() })
+	defer broker.CloseConn(pubConn) // bounded: blocked, the broker never answers a close
 	blocking := broker.WatchBlocking(pubConn, func(active bool, reason string) {
 		if active {
 			c.m.BrokerBlocked.WithLabelValues("consumer").Set(1)
@@ -88,7 +88,9 @@ func (c *Consumer) session(ctx context.Context) error {
 	// outage lets go of it when the session ends (sessCtx).
 	procCtx, stopProc := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopProc()
-	sessCtx, endSession := context.WithCancel(ctx)
+	// Not a child of ctx: at shutdown the held workers let go only after
+	// the consumer is cancelled (stopIntake).
+	sessCtx, endSession := context.WithCancel(context.WithoutCancel(ctx))
 	defer endSession()
 	work := make(chan amqp.Delivery)
 	pause := make(chan error, 1)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -135,18 +136,6 @@ func (d *Dispatcher) session(ctx context.Context) error {
 				zap.String("reason", reason))
 		}
 	})
-	// A publish that failed because the broker blocks the connection: wait
-	// for the alarm to clear on this connection instead of dialing another,
-	// which the broker would block at its first publish too (and keep).
-	// The failed notices are sent again: from the poll, after their lease
-	// or their backoff.
-	blockedWait := func(err error) error {
-		if err == nil || !blocking.Blocked() {
-			return err
-		}
-		blocking.Wait(ctx)
-		return nil
-	}
 	pub := broker.NewPublisher(conn, 10*time.Second)
 	defer pub.Close()
 	poll := time.NewTimer(0)
@@ -168,6 +157,22 @@ func (d *Dispatcher) session(ctx context.Context) error {
 			d.Log.Warn("outbox dispatcher: notices sent, not marked; sent again after their lease", zap.Error(err))
 		}
 	}()
+	// A publish that failed because the broker blocks the connection: wait
+	// for the alarm to clear on this connection instead of dialing another,
+	// which the broker would block at its first publish too (and keep).
+	// The failed notices are sent again: from the poll, after their lease
+	// or their backoff.
+	blockedWait := func(err error) error {
+		if err == nil || !blocking.Blocked() || !(errors.Is(err, broker.ErrUnconfirmed) ||
+			errors.Is(err, broker.ErrNacked) || errors.Is(err, broker.ErrNoChannel)) {
+			return err
+		}
+		if err := flush(); err != nil { // the notices confirmed before: marked now, not sent again
+			return err
+		}
+		blocking.Wait(ctx)
+		return nil
+	}
 	delay := cmp.Or(d.MarkDelay, DefaultMarkDelay)
 	for {
 		select {

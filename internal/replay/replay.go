@@ -89,7 +89,11 @@ func (r *Replayer) Replay(ctx context.Context, rows []deadletter.DeadLetter, ope
 				}
 			}
 			last = time.Now()
-			res.Err = r.replayOne(ctx, d, operator, reason)
+			// Once begun, a replay runs to its mark whatever the caller's
+			// context (a closed browser, a signal): cut between its publish
+			// and its mark, its outcome would be unknown. The publish and
+			// the mark have bounds of their own.
+			res.Err = r.replayOne(context.WithoutCancel(ctx), d, operator, reason)
 			switch {
 			case errors.Is(res.Err, broker.ErrUnconfirmed):
 				res.Outcome = "outcome unknown: " + res.Err.Error()

@@ -75,9 +75,9 @@ func TestReplayRateAndHeaders(t *testing.T) {
 	}
 }
 
-// A copy published whose REPLAYED mark then fails (here the caller's
-// context ends in between) is on its way: the row keeps its status, and
-// its history says a copy was published.
+// A copy published whose REPLAYED mark then fails (here a trigger refuses
+// the row's update) is on its way: the row keeps its status, and its
+// history says a copy was published.
 func TestReplayPublishedButNotMarkedIsInTheHistory(t *testing.T) {
 	t.Parallel()
 	_, db := testenv.MySQL(t)
@@ -91,11 +91,11 @@ func TestReplayPublishedButNotMarkedIsInTheHistory(t *testing.T) {
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("list: %d rows, %v", len(rows), err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pub := publishThen(cancel) // the copy goes out, then the context ends
+	db.MustExec(`CREATE TRIGGER refuse_mark BEFORE UPDATE ON t_dead_letter FOR EACH ROW
+		SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'the mark fails'`)
+	pub := publishThen(func() {}) // the copy goes out; the mark then fails
 	r := &replay.Replayer{Store: store, Orders: order.NewStore(db), DB: db, Publish: pub}
-	res, err := r.Replay(ctx, rows, "op", "test", false)
+	res, err := r.Replay(context.Background(), rows, "op", "test", false)
 	if err != nil || len(res) != 1 || res[0].Err == nil {
 		t.Fatalf("replay: %+v, %v; want the row's mark to fail", res, err)
 	}
@@ -175,5 +175,36 @@ func TestReplayUnconfirmedIsUnknownNotFailed(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("history %+v: no event says the copy may be in the queue", events)
+	}
+}
+
+// A caller's context that ends between a copy's publish and its mark (a
+// browser closed on the admin page, a signal) does not cut the replay in
+// between: the row is marked REPLAYED. The pacing between replays still
+// stops on it.
+func TestReplayOnceBegunRunsToItsMark(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	store := deadletter.NewStore(db)
+	for _, no := range []string{"CUT1", "CUT2"} {
+		if _, _, err := store.Park(context.Background(), deadletter.Parked{OrderNo: no, Body: []byte(`{"orderNo":"` + no + `"}`),
+			Headers: "{}", ErrorClass: "timeout", LastError: "x", FirstFailedAt: time.Now(), LastFailedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, err := store.List(context.Background(), deadletter.Filter{Status: deadletter.New, Limit: 10})
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("list: %d rows, %v", len(rows), err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := &replay.Replayer{Store: store, Orders: order.NewStore(db), DB: db, Publish: publishThen(cancel), Every: time.Hour}
+	res, err := r.Replay(ctx, rows, "op", "test", false)
+	if len(res) != 1 || res[0].Err != nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("replay: %+v, %v; want the first replayed, then the pacing stopped by the cancel", res, err)
+	}
+	d, _, err := store.Get(context.Background(), res[0].ID)
+	if err != nil || d.Status != deadletter.Replayed {
+		t.Fatalf("status %s, %v: want REPLAYED (the replay ran to its mark)", d.Status, err)
 	}
 }
