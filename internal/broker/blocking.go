@@ -20,8 +20,10 @@ type Blocking struct {
 }
 
 // WatchBlocking follows conn's notifications; changed, if not nil, is called
-// on every change (active: blocked), and with false when conn closes while
-// blocked (nothing waits on it any more).
+// on every change the broker notifies (active: blocked). When conn closes
+// while blocked, Blocked reads false (nothing waits on it any more) without
+// a call: the close may come late, after the caller's next connection was
+// blocked, and a gauge set then would lie about that one.
 func WatchBlocking(conn *amqp.Connection, changed func(active bool, reason string)) *Blocking {
 	b := &Blocking{clear: make(chan struct{})}
 	close(b.clear)
@@ -32,9 +34,7 @@ func WatchBlocking(conn *amqp.Connection, changed func(active bool, reason strin
 				changed(n.Active, n.Reason)
 			}
 		}
-		if b.set(false) && changed != nil {
-			changed(false, "connection closed")
-		}
+		b.set(false)
 	}()
 	return b
 }

@@ -42,6 +42,10 @@ func (c *Consumer) session(ctx context.Context) error {
 		return err
 	}
 	defer broker.CloseConn(pubConn) // bounded: blocked, the broker never answers a close
+	// A new connection is not blocked; the gauge is this session's.
+	blocked := c.m.BrokerBlocked.WithLabelValues("consumer")
+	blocked.Set(0)
+	defer blocked.Set(0)
 	blocking := broker.WatchBlocking(pubConn, func(active bool, reason string) {
 		if active {
 			c.m.BrokerBlocked.WithLabelValues("consumer").Set(1)

@@ -124,6 +124,10 @@ func (d *Dispatcher) session(ctx context.Context) error {
 		return err
 	}
 	ch.Close()
+	if d.Blocked != nil { // a new connection is not blocked; the gauge is this session's
+		d.Blocked.Set(0)
+		defer d.Blocked.Set(0)
+	}
 	blocking := broker.WatchBlocking(conn, func(active bool, reason string) {
 		if d.Blocked != nil {
 			d.Blocked.Set(0)
