@@ -20,8 +20,9 @@ func newGuard(t *testing.T, lease time.Duration) (*Guard, *redis.Client) {
 	return New(rdb, Config{KeyPrefix: prefix, TTL: time.Hour, Lease: lease}), rdb
 }
 
-func TestClaimDoneRelease(t *testing.T) {
-	t.Parallel()
+// bothWays runs test on a guard with a one-minute lease, alone and through
+// a pipeline.
+func bothWays(t *testing.T, test func(t *testing.T, g *Guard, rdb *redis.Client)) {
 	for _, pipelined := range []bool{false, true} {
 		t.Run(fmt.Sprintf("pipelined=%v", pipelined), func(t *testing.T) {
 			t.Parallel()
@@ -29,9 +30,14 @@ func TestClaimDoneRelease(t *testing.T) {
 			if pipelined {
 				t.Cleanup(g.StartPipeline(1, 8))
 			}
-			testClaimDoneRelease(t, g, rdb)
+			test(t, g, rdb)
 		})
 	}
+}
+
+func TestClaimDoneRelease(t *testing.T) {
+	t.Parallel()
+	bothWays(t, testClaimDoneRelease)
 }
 
 func testClaimDoneRelease(t *testing.T, g *Guard, rdb *redis.Client) {
@@ -243,38 +249,31 @@ func TestPipelinedClaimAfterScriptFlush(t *testing.T) {
 // lease, and never an error; the key is left as it was.
 func TestClaimReadsForeignValues(t *testing.T) {
 	t.Parallel()
-	for _, pipelined := range []bool{false, true} {
-		t.Run(fmt.Sprintf("pipelined=%v", pipelined), func(t *testing.T) {
-			t.Parallel()
-			g, rdb := newGuard(t, time.Minute)
-			if pipelined {
-				t.Cleanup(g.StartPipeline(1, 8))
+	bothWays(t, func(t *testing.T, g *Guard, rdb *redis.Client) {
+		ctx := context.Background()
+		rdb.Set(ctx, g.Key("LEGACY"), "1", 24*time.Hour)
+		rdb.HSet(ctx, g.Key("HASH"), "a", "b")
+		rdb.Set(ctx, g.Key("OTHER"), "inflight", 0) // no token after the prefix's colon: not paysvc's
+		rdb.Set(ctx, g.Key("EMPTY"), "", 0)
+		for _, no := range []string{"LEGACY", "HASH", "OTHER", "EMPTY"} {
+			st, c, err := g.Claim(ctx, no)
+			if err != nil || st != Foreign {
+				t.Fatalf("claim of %s = %v, %v; want foreign", no, st, err)
 			}
-			ctx := context.Background()
-			rdb.Set(ctx, g.Key("LEGACY"), "1", 24*time.Hour)
-			rdb.HSet(ctx, g.Key("HASH"), "a", "b")
-			rdb.Set(ctx, g.Key("OTHER"), "inflight", 0) // no token after the prefix's colon: not paysvc's
-			rdb.Set(ctx, g.Key("EMPTY"), "", 0)
-			for _, no := range []string{"LEGACY", "HASH", "OTHER", "EMPTY"} {
-				st, c, err := g.Claim(ctx, no)
-				if err != nil || st != Foreign {
-					t.Fatalf("claim of %s = %v, %v; want foreign", no, st, err)
-				}
-				if no == "LEGACY" && (c.Remaining <= time.Hour || c.Remaining > 24*time.Hour) {
-					t.Fatalf("remaining %v, want the legacy key's TTL", c.Remaining)
-				}
+			if no == "LEGACY" && (c.Remaining <= time.Hour || c.Remaining > 24*time.Hour) {
+				t.Fatalf("remaining %v, want the legacy key's TTL", c.Remaining)
 			}
-			if v := rdb.Get(ctx, g.Key("LEGACY")).Val(); v != "1" {
-				t.Fatalf("legacy key now %q, want it untouched", v)
-			}
-			if v := rdb.HGet(ctx, g.Key("HASH"), "a").Val(); v != "b" {
-				t.Fatalf("hash key now %q, want it untouched", v)
-			}
-			// paysvc's own values still read as before.
-			rdb.Set(ctx, g.Key("MINE"), "inflight:abc", time.Minute)
-			if st, _, err := g.Claim(ctx, "MINE"); err != nil || st != InFlight {
-				t.Fatalf("claim of another worker's lease = %v, %v; want in_flight", st, err)
-			}
-		})
-	}
+		}
+		if v := rdb.Get(ctx, g.Key("LEGACY")).Val(); v != "1" {
+			t.Fatalf("legacy key now %q, want it untouched", v)
+		}
+		if v := rdb.HGet(ctx, g.Key("HASH"), "a").Val(); v != "b" {
+			t.Fatalf("hash key now %q, want it untouched", v)
+		}
+		// paysvc's own values still read as before.
+		rdb.Set(ctx, g.Key("MINE"), "inflight:abc", time.Minute)
+		if st, _, err := g.Claim(ctx, "MINE"); err != nil || st != InFlight {
+			t.Fatalf("claim of another worker's lease = %v, %v; want in_flight", st, err)
+		}
+	})
 }

@@ -44,16 +44,7 @@ func TestResourceAlarmHoldsCopiesAndAcksTheRest(t *testing.T) {
 	}
 	e.publish(bodies...)
 
-	testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.0000001")
-	testenv.Eventually(t, 20*time.Second, func() bool {
-		return strings.Contains(testenv.RabbitCtl(t, node, "eval", "rabbit_alarm:get_alarms()."), "memory")
-	}, "the memory alarm never went off")
-	alarmCleared := false
-	t.Cleanup(func() {
-		if !alarmCleared {
-			testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.4")
-		}
-	})
+	clearAlarm := testenv.MemoryAlarm(t, node)
 
 	e.start(e.redisAddr, e.dsn)
 	blocked := func() float64 { return testutil.ToFloat64(e.metrics.BrokerBlocked.WithLabelValues("consumer")) }
@@ -76,8 +67,7 @@ func TestResourceAlarmHoldsCopiesAndAcksTheRest(t *testing.T) {
 		t.Fatalf("%v consumer sessions restarted during the alarm, want 0", n)
 	}
 
-	testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.4")
-	alarmCleared = true
+	clearAlarm()
 	e.waitResults(30*time.Second, func(r map[string]int) bool { return r["RETRY"] >= 1 },
 		"the held copy did not go out after the alarm")
 	testenv.Eventually(t, 10*time.Second, func() bool { return blocked() == 0 && held() == 0 },

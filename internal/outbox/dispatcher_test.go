@@ -339,16 +339,7 @@ func TestDispatcherWaitsOutAResourceAlarmOnOneConnection(t *testing.T) {
 	if err := outbox.AddPaymentSucceeded(context.Background(), db, "ALARM1", 1, money.Cents(100), time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.0000001")
-	testenv.Eventually(t, 20*time.Second, func() bool {
-		return strings.Contains(testenv.RabbitCtl(t, node, "eval", "rabbit_alarm:get_alarms()."), "memory")
-	}, "the memory alarm never went off")
-	cleared := false
-	t.Cleanup(func() {
-		if !cleared {
-			testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.4")
-		}
-	})
+	clearAlarm := testenv.MemoryAlarm(t, node)
 	blocked := prometheus.NewGauge(prometheus.GaugeOpts{Name: "blocked"})
 	core, logs := observer.New(zapcore.InfoLevel)
 	d := &outbox.Dispatcher{DB: db, URL: amqpURL, Name: t.Name(), Interval: 50 * time.Millisecond, Batch: 100,
@@ -368,8 +359,7 @@ func TestDispatcherWaitsOutAResourceAlarmOnOneConnection(t *testing.T) {
 	if n := logs.FilterMessage("outbox dispatcher: retrying").Len(); n != 0 {
 		t.Fatalf("the dispatcher ended %d sessions during the alarm, want none", n)
 	}
-	testenv.RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.4")
-	cleared = true
+	clearAlarm()
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		var n int
 		db.Get(&n, "SELECT COUNT(*) FROM t_outbox WHERE biz_no = 'ALARM1' AND status = 'SENT'")

@@ -6,7 +6,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // RabbitNode starts a RabbitMQ node of the test's own on loopback ports of
@@ -76,4 +78,19 @@ func RabbitCtl(t testing.TB, node string, args ...string) string {
 		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// MemoryAlarm sets off a memory alarm on node (a RabbitNode's: the
+// watermark set to nothing) and waits until the broker reports it. clear
+// ends it; the test's cleanup ends it too if the test did not.
+func MemoryAlarm(t testing.TB, node string) (clear func()) {
+	t.Helper()
+	RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.0000001")
+	Eventually(t, 20*time.Second, func() bool {
+		return strings.Contains(RabbitCtl(t, node, "eval", "rabbit_alarm:get_alarms()."), "memory")
+	}, "the memory alarm never went off")
+	var once sync.Once
+	clear = func() { once.Do(func() { RabbitCtl(t, node, "set_vm_memory_high_watermark", "0.4") }) }
+	t.Cleanup(clear)
+	return clear
 }
