@@ -46,6 +46,7 @@ type options struct {
 	noPipeline                   bool
 	paysvcBinary                 string
 	paysvcEnv                    []string // the compare phase's daemon: settings other than the defaults
+	openDump                     string   // keep each open loop's timings and daemon log in this directory
 }
 
 func env(k, def string) string {
@@ -97,6 +98,7 @@ func main() {
 	flag.IntVar(&o.defaults.groupConns, "group-conns", o.defaults.groupConns, "mysql.groupConns of the default run")
 	flag.BoolVar(&o.noPipeline, "no-redis-pipeline", false, "one Redis round trip per claim and done mark (comparison)")
 	openRate := flag.Float64("open-rate", 0, "the open loop's rate (0: half the default run's peak, or 500)")
+	flag.StringVar(&o.openDump, "open-dump", "", "keep each open loop's per-payment timings (TSV) and the daemon's log in this directory")
 	openDaemon := flag.Bool("open-daemon", false, "run the open phase into the paysvc daemon (as the compare rounds do), not the in-process consumer")
 	rounds := flag.Int("rounds", 1, "repeat the best ceiling, default and article runs this many times, interleaved, and report medians")
 	flag.Parse()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"sort"
@@ -432,6 +433,7 @@ func worstSecond(start time.Time, sent []time.Time, lat []time.Duration) string 
 // the daemon is) and times each from its publish to its payment's UPDATE
 // (pay_time).
 func openLoop(ctx context.Context, o *options, rate float64, d time.Duration, useDaemon bool) (lat latencies, err error) {
+	var start time.Time
 	b, err := newBed(ctx, o, "open")
 	if err != nil {
 		return
@@ -448,7 +450,13 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration, us
 		if dm, err = startDaemon(o, b, o.paysvcEnv); err != nil {
 			return
 		}
-		defer func() { dm.stop(err != nil) }()
+		defer func() {
+			keep := err != nil || o.openDump != ""
+			dm.stop(keep)
+			if o.openDump != "" {
+				os.Rename(dm.logPath, filepath.Join(o.openDump, fmt.Sprintf("open-%s.log", start.UTC().Format("150405"))))
+			}
+		}()
 		// Timed from the moment it consumes (/readyz 200), not from its
 		// start-up: messages published before would wait for the daemon
 		// to start, not for paysvc to pay them.
@@ -481,7 +489,7 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration, us
 	lat.redo = redoState(ctx, b.DB)
 	sent := make([]time.Time, n)
 	interval := time.Duration(float64(time.Second) / rate)
-	start := time.Now()
+	start = time.Now()
 	for i, p := range pays {
 		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
 			time.Sleep(wait)
@@ -523,6 +531,9 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration, us
 		byMsg[idx[r.OrderNo]] = d
 	}
 	lat.worst = worstSecond(start, sent, byMsg)
+	if o.openDump != "" {
+		dumpOpen(o.openDump, start, sent, byMsg)
+	}
 	lat.p50, lat.p99, lat.p999 = percentiles(all)
 	rec.mu.Lock()
 	if len(rec.durs) > 0 {
@@ -530,4 +541,15 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration, us
 	}
 	rec.mu.Unlock()
 	return
+}
+
+// dumpOpen writes one line per payment: its publish, in milliseconds from
+// the loop's start, and its publish-to-payment latency in milliseconds.
+func dumpOpen(dir string, start time.Time, sent []time.Time, lat []time.Duration) {
+	var b strings.Builder
+	b.WriteString("sent_ms\tlatency_ms\n")
+	for i := range sent {
+		fmt.Fprintf(&b, "%.3f\t%.3f\n", float64(sent[i].Sub(start))/1e6, float64(lat[i])/1e6)
+	}
+	os.WriteFile(filepath.Join(dir, fmt.Sprintf("open-%s.tsv", start.UTC().Format("150405"))), []byte(b.String()), 0o644)
 }
