@@ -131,3 +131,46 @@ func TestStopWhileHoldingReturnsOnce(t *testing.T) {
 		t.Fatalf("%d payments dead-lettered: returned twice by one stop", d)
 	}
 }
+
+// At a stop, the messages prefetched behind a busy worker go back to the
+// queue with one nack before the channel closes (on RabbitMQ 4.x the
+// close would count each toward the delivery limit, the nack does not),
+// and the next consumer pays each once.
+func TestStopReturnsPrefetchedWithANack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	redisProxy := testenv.NewProxy(t, e.redisAddr)
+	e.seedAccount(93, "100.00")
+	const n = 6
+	var bodies [][]byte
+	for i := range n {
+		no := fmt.Sprintf("PF%d", i)
+		e.seedOrder(no, 93, "1.00")
+		bodies = append(bodies, body(no, 93, "1.00"))
+	}
+	one := func(cfg *setup) { cfg.Workers, cfg.Prefetch = 1, 10 }
+	c := e.start(redisProxy.Addr(), e.dsn, one)
+	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready")
+	redisProxy.Down() // the one worker holds the first payment through it
+	e.publish(bodies...)
+	testenv.Eventually(t, 10*time.Second, func() bool { return testenv.Held(t, e.amqpURL, listener.MainQueue) == n },
+		"the payments were never prefetched")
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	var returned []any
+	for _, entry := range e.logs.FilterMessage("prefetched messages no worker started returned to the queue").All() {
+		returned = append(returned, entry.ContextMap()["messages"])
+	}
+	if len(returned) != 1 || fmt.Sprint(returned[0]) != fmt.Sprint(n-1) {
+		t.Fatalf("returned by a nack at the stop: %v, want one return of %d messages", returned, n-1)
+	}
+	redisProxy.Up()
+	e.start(redisProxy.Addr(), e.dsn)
+	e.waitResults(20*time.Second, func(map[string]int) bool { return e.totalFlows() == n }, "the returned payments were not paid")
+	for i := range n {
+		if f := e.flows(fmt.Sprintf("PF%d", i)); f != 1 {
+			t.Fatalf("PF%d has %d flows, want 1", i, f)
+		}
+	}
+}

@@ -115,17 +115,19 @@ func (c *Consumer) session(ctx context.Context) error {
 	c.log.Info("consuming", zap.String("queue", MainQueue), zap.String("broker_node", node), zap.String("consumer_tag", tag),
 		zap.Int("prefetch", c.cfg.Prefetch), zap.Int("workers", c.cfg.Workers))
 
-	reason := dispatch(ctx, deliveries, work, pause, connClosed, chClosed)
+	held, reason := dispatch(ctx, deliveries, work, pause, connClosed, chClosed)
 	c.setReady(false)
 
 	// Stop intake (a dead channel sends nothing anyway), then let the
 	// workers holding messages through an outage go.
 	teardown := time.Now()
+	cancelled := false // cancel-ok came: the client closes deliveries
 	stopIntake(func() {
 		if !ch.IsClosed() && !conn.IsClosed() {
-			closeWithin(closeTimeout, func() {
-				ch.Cancel(tag, false) // noWait=false: wait for cancel-ok
-			})
+			var err error
+			cancelled = closeWithin(closeTimeout, func() {
+				err = ch.Cancel(tag, false) // noWait=false: wait for cancel-ok
+			}) && err == nil
 		}
 	}, endSession)
 	close(work)
@@ -146,11 +148,22 @@ func (c *Consumer) session(ctx context.Context) error {
 		}
 	}
 	// The acks still held go out before the channel closes (bounded: a
-	// blocked connection may not take them). Prefetched messages no worker
-	// started are still unacked: closing the channel puts them back on the
-	// queue. A blocked broker may never answer the close: bound the wait
-	// (the deferred conn.Close is bounded too).
-	closeWithin(closeTimeout, acks.Close)
+	// blocked connection may not take them). Then the prefetched messages
+	// no worker started go back with one nack: on RabbitMQ 4.x a nack
+	// (multiple) does not count toward a quorum queue's delivery limit,
+	// where the channel's close would, once for every message prefetched
+	// at every restart. Whatever is left unsettled, the close returns. A
+	// blocked broker may never answer the close: bound the wait (the
+	// deferred conn.Close is bounded too).
+	if closeWithin(closeTimeout, acks.Close) && cancelled && !ch.IsClosed() {
+		var returned int
+		var err error
+		if closeWithin(closeTimeout, func() { returned, err = returnUnstarted(ch, deliveries, held) }) &&
+			(returned > 0 || err != nil) {
+			c.log.Info("prefetched messages no worker started returned to the queue",
+				zap.Int("messages", returned), zap.Error(err))
+		}
+	}
 	closeWithin(closeTimeout, func() { ch.Close() })
 	c.log.Debug("session torn down", zap.Duration("duration", time.Since(teardown)), zap.NamedError("error", reason))
 	return reason
@@ -173,22 +186,49 @@ func stopIntake(cancel, release func()) {
 // answer.
 const closeTimeout = 5 * time.Second
 
-// closeWithin runs f, waiting for it at most d.
-func closeWithin(d time.Duration, f func()) {
+// closeWithin runs f, waiting for it at most d, and reports whether f
+// returned in time.
+func closeWithin(d time.Duration, f func()) bool {
 	done := make(chan struct{})
 	go func() { f(); close(done) }()
 	select {
 	case <-done:
+		return true
 	case <-time.After(d):
+		return false
 	}
+}
+
+// returnUnstarted gives the broker back the deliveries of a cancelled
+// consumer that no worker started: held (the delivery tag dispatch took
+// but never handed over, or 0) and those still buffered in deliveries,
+// which the client closes once the cancel is done. One nack with
+// multiple=true and requeue=true up to the highest of their tags returns
+// them (and anything else still unsettled below it): the workers have
+// stopped and their acks are written, so nothing settled is named again.
+// The tag must be unsettled, or the broker closes the channel: it is one
+// no worker ever saw. It reports how many deliveries it returned.
+func returnUnstarted(ch amqp.Acknowledger, deliveries <-chan amqp.Delivery, held uint64) (int, error) {
+	n, last := 0, held
+	if held > 0 {
+		n++
+	}
+	for d := range deliveries {
+		n++
+		last = max(last, d.DeliveryTag)
+	}
+	if last == 0 {
+		return 0, nil
+	}
+	return n, ch.Nack(last, true, true)
 }
 
 // dispatch hands deliveries to workers until ctx ends, a worker asks for a
 // pause, or the connection, channel or delivery stream ends. A delivery
-// taken but not handed over stays unacked and goes back to the queue when
-// the channel closes.
+// taken but not handed over stays unacked; dispatch returns its tag (held)
+// for the session's teardown to return it.
 func dispatch(ctx context.Context, deliveries <-chan amqp.Delivery, work chan<- amqp.Delivery,
-	pause <-chan error, connClosed, chClosed <-chan *amqp.Error) error {
+	pause <-chan error, connClosed, chClosed <-chan *amqp.Error) (held uint64, err error) {
 	closedErr := func(what string, e *amqp.Error) error {
 		if e == nil {
 			return fmt.Errorf("amqp %s closed", what)
@@ -198,27 +238,27 @@ func dispatch(ctx context.Context, deliveries <-chan amqp.Delivery, work chan<- 
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return 0, nil
 		case err := <-pause:
-			return err
+			return 0, err
 		case e := <-connClosed:
-			return closedErr("connection", e)
+			return 0, closedErr("connection", e)
 		case e := <-chClosed:
-			return closedErr("channel", e)
+			return 0, closedErr("channel", e)
 		case d, ok := <-deliveries:
 			if !ok {
-				return errors.New("amqp deliveries closed: consumer cancelled")
+				return 0, errors.New("amqp deliveries closed: consumer cancelled")
 			}
 			select {
 			case work <- d:
 			case <-ctx.Done():
-				return nil
+				return d.DeliveryTag, nil
 			case err := <-pause:
-				return err
+				return d.DeliveryTag, err
 			case e := <-connClosed:
-				return closedErr("connection", e)
+				return d.DeliveryTag, closedErr("connection", e)
 			case e := <-chClosed:
-				return closedErr("channel", e)
+				return d.DeliveryTag, closedErr("channel", e)
 			}
 		}
 	}
