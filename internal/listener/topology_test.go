@@ -257,3 +257,46 @@ func TestMonitorKeepsMeasuringQueuesWithoutTheDatabase(t *testing.T) {
 		t.Fatalf("%v monitor reconnects counted for a database outage, want 0", n)
 	}
 }
+
+// The monitor reports the oldest unpublished notice's age, on the
+// database's clock, and 0 once none is pending: the NoticesPending alert
+// reads the age, which does not grow with the number of replicas.
+func TestMonitorAgesTheOldestPendingNotice(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if err := listener.DeclareTopology(e.channel(), listener.Topology{Delays: e.delays}); err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.New()
+	mon := &listener.Monitor{URL: e.amqpURL, Name: t.Name(), Delays: e.delays, Store: deadletter.NewStore(e.db),
+		DB: e.db, Metrics: m, Log: zap.NewNop()}
+	poll := func() (pending, age float64) {
+		t.Helper()
+		if err := mon.Poll(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return testutil.ToFloat64(m.OutboxPending), testutil.ToFloat64(m.OutboxOldestAge)
+	}
+	if n, age := poll(); n != 0 || age != 0 {
+		t.Fatalf("no notice: pending %v, age %v; want 0, 0", n, age)
+	}
+	notice := func(bizNo, status string, age time.Duration) {
+		e.db.MustExec(`INSERT INTO t_outbox (event_type, biz_no, payload, status, create_time)
+			VALUES ('PAY_SUCCESS', ?, '{}', ?, NOW(3) - INTERVAL ? MICROSECOND)`, bizNo, status, age.Microseconds())
+	}
+	notice("N1", "SENT", 3*time.Hour) // published: not pending, however old
+	notice("N2", "PENDING", 20*time.Minute)
+	notice("N3", "PENDING", time.Minute)
+	n, age := poll()
+	if n != 2 || age < (20*time.Minute).Seconds() || age > (21*time.Minute).Seconds() {
+		t.Fatalf("pending %v, oldest age %vs; want 2 and about 1200s (N2's)", n, age)
+	}
+	e.db.MustExec("UPDATE t_outbox SET status = 'SENT' WHERE biz_no = 'N2'")
+	if n, age := poll(); n != 1 || age < 60 || age > 120 {
+		t.Fatalf("after N2 went out: pending %v, oldest age %vs; want 1 and about 60s (N3's)", n, age)
+	}
+	e.db.MustExec("UPDATE t_outbox SET status = 'SENT' WHERE biz_no = 'N3'")
+	if n, age := poll(); n != 0 || age != 0 {
+		t.Fatalf("all sent: pending %v, age %v; want 0, 0", n, age)
+	}
+}

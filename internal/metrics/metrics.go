@@ -34,6 +34,7 @@ type Metrics struct {
 	TerminalPending   prometheus.Gauge
 	DeadLettersNew    prometheus.Gauge
 	OutboxPending     prometheus.Gauge
+	OutboxOldestAge   prometheus.Gauge
 	ReconcileProblems prometheus.Gauge
 	ReconcileLastRun  prometheus.Gauge
 	AlertFailures     prometheus.Counter
@@ -116,6 +117,9 @@ func New() *Metrics {
 			Name: "paysvc_dead_letters_new", Help: "Dead letters in status NEW."}),
 		OutboxPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_outbox_pending", Help: "Payment notices not yet published."}),
+		OutboxOldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_outbox_oldest_pending_age_seconds",
+			Help: "Age of the oldest payment notice not yet published (0: none); the same in every replica, read from the database."}),
 		ReconcileProblems: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_reconcile_problems", Help: "Problems the last scheduled reconciliation found."}),
 		ReconcileLastRun: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -134,7 +138,7 @@ func New() *Metrics {
 	}
 	m.own = []prometheus.Collector{m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
 		m.Pauses, m.Failovers, m.Paused, m.RequeuedAlone, m.ParkFallbacks,
-		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.ReconcileProblems,
+		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.OutboxOldestAge, m.ReconcileProblems,
 		m.ReconcileLastRun, m.AlertFailures, m.Held, m.DeadLettersClass, m.BrokerBlocked}
 	r.MustRegister(m.own...)
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -46,7 +46,8 @@ type Dispatcher struct {
 // share one statement (one commit, one redo log flush) instead of one per
 // publish batch; markMax of them are marked at once. Both stay small: a
 // notice sent and not marked still counts in paysvc_outbox_pending (at most
-// markMax per replica, well under the NoticesPending alert's 500).
+// markMax per replica; the NoticesPending alert reads the oldest notice's
+// age, which a mark delay moves by DefaultMarkDelay at most).
 const (
 	DefaultMarkDelay = 100 * time.Millisecond
 	markMax          = 100
