@@ -51,8 +51,9 @@ type Monitor struct {
 		Server(ctx context.Context) (string, error)
 	}
 
-	conn  *amqp.Connection
-	redis atomic.Pointer[string]
+	conn    *amqp.Connection
+	redis   atomic.Pointer[string]
+	lastNew int // NEW dead letters at the last sample the database answered
 }
 
 // RedisServer returns the Redis server (master) seen at the last sample, or "".
@@ -127,8 +128,13 @@ func (m *Monitor) Poll(ctx context.Context) error {
 		return errors.Join(dbErr, brokerError{err})
 	}
 	if dbErr != nil {
+		// The queues are measured; the dead letters are as last seen.
+		// Messages parked nowhere while the database is down stay in the
+		// terminal queue, and must count.
+		m.Metrics.TerminalPending.Set(float64(depths[TerminalQueue] + depths[OverflowQueue] + m.lastNew))
 		return dbErr
 	}
+	m.lastNew = newCount
 	var terminalAge time.Duration
 	if !oldestNew.IsZero() {
 		terminalAge = max(now.Sub(oldestNew), 0)

@@ -300,3 +300,42 @@ func TestMonitorAgesTheOldestPendingNotice(t *testing.T) {
 		t.Fatalf("all sent: pending %v, age %v; want 0, 0", n, age)
 	}
 }
+
+// While the database is down, paysvc_terminal_pending still counts what
+// reaches the terminal queue (the dead letters as last seen, the queue as
+// it is now): the TerminalMessages alert must not go blind in an outage.
+func TestTerminalPendingCountsTheQueueWithoutTheDatabase(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if err := listener.DeclareTopology(e.channel(), listener.Topology{Delays: e.delays}); err != nil {
+		t.Fatal(err)
+	}
+	store := deadletter.NewStore(e.db)
+	now := time.Now()
+	if _, _, err := store.Park(context.Background(), deadletter.Parked{OrderNo: "TP1", Body: []byte("{}"), Headers: "{}",
+		ErrorClass: "malformed", LastError: "test", FirstFailedAt: now, LastFailedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.New()
+	mon := &listener.Monitor{URL: e.amqpURL, Name: t.Name(), Delays: e.delays, Store: store,
+		DB: e.db, Metrics: m, Log: zap.NewNop()}
+	if err := mon.Poll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.TerminalPending); got != 1 {
+		t.Fatalf("paysvc_terminal_pending %v with one NEW dead letter, want 1", got)
+	}
+	down, err := sqlx.Open("mysql", e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	down.Close() // every query fails
+	mon.DB, mon.Store = down, deadletter.NewStore(down)
+	testenv.Publish(t, e.amqpURL, listener.TerminalQueue, []byte("a"), []byte("b"))
+	if err := mon.Poll(context.Background()); err == nil {
+		t.Fatal("Poll without a database returned no error: the test proves nothing")
+	}
+	if got := testutil.ToFloat64(m.TerminalPending); got != 3 {
+		t.Fatalf("paysvc_terminal_pending %v during the outage, want 3 (1 dead letter as last seen, 2 in the queue)", got)
+	}
+}
