@@ -33,8 +33,10 @@ docs:
 
 # Unit and integration tests against the real servers (never skipped).
 test: services test-tools lint rules
+	scripts/leftovers.sh snapshot tmp/leftovers.before
 	$(GO) test $(TESTFLAGS) ./...
 	cd tools && $(GO) test $(TESTFLAGS) ./...
+	scripts/leftovers.sh check tmp/leftovers.before
 
 # The alert rules: syntax, and promtool's unit tests (every rule fires on the
 # series it should; deploy/prometheus/*_test.yaml).
@@ -51,7 +53,9 @@ demo: services
 chaos: services
 	$(GO) build -tags faultinject -o bin/paysvc-faultinject ./cmd/paysvc
 	cd tools && $(GO) build -o ../bin/paychaos ./paychaos
+	scripts/leftovers.sh snapshot tmp/leftovers.chaos
 	bin/paychaos -binary bin/paysvc-faultinject $(if $(SEED),-seed $(SEED))
+	scripts/leftovers.sh check tmp/leftovers.chaos
 
 # The cluster suite: a 3-node RabbitMQ cluster, Redis with a replica and
 # three Sentinels and a MariaDB of its own, on loopback ports of their own
@@ -60,7 +64,9 @@ chaos: services
 chaos-cluster: services
 	$(GO) build -tags faultinject -o bin/paysvc-faultinject ./cmd/paysvc
 	cd tools && $(GO) build -o ../bin/paychaos ./paychaos
+	scripts/leftovers.sh snapshot tmp/leftovers.cluster
 	bin/paychaos -cluster -binary bin/paysvc-faultinject $(if $(SEED),-seed $(SEED))
+	scripts/leftovers.sh check tmp/leftovers.cluster
 
 # A seeded random mix of every fault: make soak SEED=42 DURATION=10m
 SEED ?=
