@@ -50,6 +50,9 @@ type Monitor struct {
 	Redis interface {
 		Server(ctx context.Context) (string, error)
 	}
+	// Parker tells whether this process's parker holds a terminal message
+	// it cannot park yet (unacked: no queue depth counts it); nil: none.
+	Parker interface{ Holding() int }
 
 	conn    *amqp.Connection
 	redis   atomic.Pointer[string]
@@ -127,11 +130,15 @@ func (m *Monitor) Poll(ctx context.Context) error {
 	if err != nil {
 		return errors.Join(dbErr, brokerError{err})
 	}
+	held := 0
+	if m.Parker != nil {
+		held = m.Parker.Holding()
+	}
 	if dbErr != nil {
 		// The queues are measured; the dead letters are as last seen.
 		// Messages parked nowhere while the database is down stay in the
-		// terminal queue, and must count.
-		m.Metrics.TerminalPending.Set(float64(depths[TerminalQueue] + depths[OverflowQueue] + m.lastNew))
+		// terminal queue or in the parker's hands, and must count.
+		m.Metrics.TerminalPending.Set(float64(depths[TerminalQueue] + depths[OverflowQueue] + held + m.lastNew))
 		return dbErr
 	}
 	m.lastNew = newCount
@@ -140,7 +147,7 @@ func (m *Monitor) Poll(ctx context.Context) error {
 		terminalAge = max(now.Sub(oldestNew), 0)
 	}
 	m.Metrics.QueueOldestAge.WithLabelValues(TerminalQueue).Set(terminalAge.Seconds())
-	m.Metrics.TerminalPending.Set(float64(depths[TerminalQueue] + depths[OverflowQueue] + newCount))
+	m.Metrics.TerminalPending.Set(float64(depths[TerminalQueue] + depths[OverflowQueue] + held + newCount))
 	return nil
 }
 

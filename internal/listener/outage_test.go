@@ -161,6 +161,9 @@ func TestStopReturnsPrefetchedWithANack(t *testing.T) {
 	var returned []any
 	for _, entry := range e.logs.FilterMessage("prefetched messages no worker started returned to the queue").All() {
 		returned = append(returned, entry.ContextMap()["messages"])
+		if err, ok := entry.ContextMap()["error"]; ok {
+			t.Fatalf("the broker refused the nack: %v", err)
+		}
 	}
 	if len(returned) != 1 || fmt.Sprint(returned[0]) != fmt.Sprint(n-1) {
 		t.Fatalf("returned by a nack at the stop: %v, want one return of %d messages", returned, n-1)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -36,7 +37,14 @@ type Parker struct {
 	Timeout time.Duration
 	// TerminalDeliveryLimit is the terminal queue's, as in Topology.
 	TerminalDeliveryLimit int
+
+	holding atomic.Int32 // 1 while a message waits for the database
 }
+
+// Holding is 1 while the parker holds a terminal message it cannot park
+// yet (the database is down or slow), else 0. Such a message is unacked,
+// so a queue's depth does not count it; nor the few prefetched behind it.
+func (p *Parker) Holding() int { return int(p.holding.Load()) }
 
 // DefaultParkTimeout bounds one parking's database writes.
 const DefaultParkTimeout = 10 * time.Second
@@ -45,9 +53,12 @@ const DefaultParkTimeout = 10 * time.Second
 // attempts to park a held message.
 const parkerMaxBackoff = 15 * time.Second
 
-// parkerPrefetch is how many terminal messages the broker may send the
-// parker ahead of its acks.
-const parkerPrefetch = 16
+// parkerPrefetch is how many messages of each queue (terminal, overflow)
+// the broker may send the parker ahead of its acks. One: terminal messages
+// are few and parked one at a time, and while the database is down the
+// parker holds the one it tries (Holding) while the rest stay ready in the
+// queue, where paysvc_terminal_pending counts them.
+const parkerPrefetch = 1
 
 // ClassUnparkable is the class of a terminal message the table refused as
 // it came (a value no column takes), parked with its body alone.
@@ -108,6 +119,9 @@ func (p *Parker) session(ctx context.Context) error {
 			}
 			parked := parkedFrom(d, time.Now())
 			id, becameNew, err := p.park(ctx, parked)
+			if err != nil {
+				p.holding.Store(1)
+			}
 			for bo := (broker.Backoff{Max: parkerMaxBackoff}); err != nil; {
 				// The database is unreachable or slow: hold the message and
 				// try again (returned, it would count toward the terminal
@@ -117,10 +131,12 @@ func (p *Parker) session(ctx context.Context) error {
 				p.Log.Warn("parker: cannot park; holding the message and trying again", zap.String("order_no", parked.OrderNo),
 					zap.String("trace_id", parked.TraceID), zap.Error(err), zap.Duration("backoff", wait))
 				if !broker.Sleep(ctx, wait) {
+					p.holding.Store(0) // the closing channel gives it back
 					return nil
 				}
 				id, becameNew, err = p.park(ctx, parked)
 			}
+			p.holding.Store(0)
 			if err := d.Ack(false); err != nil {
 				// The row is committed; the redelivered message matches its
 				// fingerprint and changes nothing.

@@ -133,9 +133,11 @@ func (c *Consumer) session(ctx context.Context) error {
 	close(work)
 	drained := make(chan struct{})
 	go func() { wg.Wait(); close(drained) }()
+	stopped := true // every worker returned: none holds a delivery
 	select {
 	case <-drained:
 	case <-time.After(c.cfg.DrainTimeout):
+		stopped = false
 		c.log.Warn("drain timeout: abandoning in-flight messages; the broker will redeliver them",
 			zap.Duration("drain_timeout", c.cfg.DrainTimeout))
 		stopProc()
@@ -148,19 +150,30 @@ func (c *Consumer) session(ctx context.Context) error {
 		}
 	}
 	// The acks still held go out before the channel closes (bounded: a
-	// blocked connection may not take them). Then the prefetched messages
-	// no worker started go back with one nack: on RabbitMQ 4.x a nack
-	// (multiple) does not count toward a quorum queue's delivery limit,
-	// where the channel's close would, once for every message prefetched
-	// at every restart. Whatever is left unsettled, the close returns. A
-	// blocked broker may never answer the close: bound the wait (the
-	// deferred conn.Close is bounded too).
-	if closeWithin(closeTimeout, acks.Close) && cancelled && !ch.IsClosed() {
+	// blocked connection may not take them). Then, if every worker has
+	// stopped, the prefetched messages no worker started go back with one
+	// nack: on RabbitMQ 4.x a nack (multiple) does not count toward a
+	// quorum queue's delivery limit, where the channel's close would, once
+	// for every message prefetched at every restart. A message that held
+	// a worker past the drain timeout is left to the close, and counts.
+	// Whatever is left unsettled, the close returns. A blocked broker may
+	// never answer the close: bound the wait (the deferred conn.Close is
+	// bounded too).
+	if closeWithin(closeTimeout, acks.Close) && stopped && cancelled && !ch.IsClosed() {
 		var returned int
 		var err error
-		if closeWithin(closeTimeout, func() { returned, err = returnUnstarted(ch, deliveries, held) }) &&
-			(returned > 0 || err != nil) {
-			c.log.Info("prefetched messages no worker started returned to the queue",
+		if closeWithin(closeTimeout, func() {
+			if returned, err = returnUnstarted(ch, deliveries, held); err == nil && returned > 0 {
+				// A nack the broker refuses closes the channel, later: a
+				// round trip tells.
+				_, err = ch.QueueDeclarePassive(MainQueue, true, false, false, false, nil)
+			}
+		}) && (returned > 0 || err != nil) {
+			log := c.log.Info
+			if err != nil {
+				log = c.log.Warn
+			}
+			log("prefetched messages no worker started returned to the queue",
 				zap.Int("messages", returned), zap.Error(err))
 		}
 	}
@@ -204,8 +217,8 @@ func closeWithin(d time.Duration, f func()) bool {
 // but never handed over, or 0) and those still buffered in deliveries,
 // which the client closes once the cancel is done. One nack with
 // multiple=true and requeue=true up to the highest of their tags returns
-// them (and anything else still unsettled below it): the workers have
-// stopped and their acks are written, so nothing settled is named again.
+// them: called once every worker has stopped and their acks are written,
+// nothing else below it is unsettled, and nothing settled is named again.
 // The tag must be unsettled, or the broker closes the channel: it is one
 // no worker ever saw. It reports how many deliveries it returned.
 func returnUnstarted(ch amqp.Acknowledger, deliveries <-chan amqp.Delivery, held uint64) (int, error) {

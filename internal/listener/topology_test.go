@@ -338,4 +338,21 @@ func TestTerminalPendingCountsTheQueueWithoutTheDatabase(t *testing.T) {
 	if got := testutil.ToFloat64(m.TerminalPending); got != 3 {
 		t.Fatalf("paysvc_terminal_pending %v during the outage, want 3 (1 dead letter as last seen, 2 in the queue)", got)
 	}
+
+	// The parker takes one and holds it (it cannot park it): unacked, no
+	// depth counts it, the monitor must.
+	parker := &listener.Parker{URL: e.amqpURL, Name: t.Name(), Store: deadletter.NewStore(down), Log: zap.NewNop(),
+		Timeout: time.Second}
+	mon.Parker = parker
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); parker.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testenv.Eventually(t, 10*time.Second, func() bool { return parker.Holding() == 1 }, "the parker never took a message")
+	testenv.Eventually(t, 10*time.Second, func() bool { return e.depth(listener.TerminalQueue) == 1 },
+		"the terminal queue does not hold the other message (the parker took more than it holds)")
+	mon.Poll(context.Background())
+	if got := testutil.ToFloat64(m.TerminalPending); got != 3 {
+		t.Fatalf("paysvc_terminal_pending %v with the parker holding one, want 3 (1 dead letter, 1 queued, 1 held)", got)
+	}
 }
