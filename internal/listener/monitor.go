@@ -126,6 +126,9 @@ func (m *Monitor) Poll(ctx context.Context) error {
 	dbCtx, cancel := context.WithTimeout(ctx, max(m.Interval, 5*time.Second))
 	newCount, oldestNew, dbErr := m.pollDB(dbCtx)
 	cancel()
+	if dbErr == nil {
+		m.lastNew = newCount
+	}
 	depths, err := m.pollBroker(ctx, now)
 	if err != nil {
 		return errors.Join(dbErr, brokerError{err})
@@ -141,7 +144,6 @@ func (m *Monitor) Poll(ctx context.Context) error {
 		m.Metrics.TerminalPending.Set(float64(depths[TerminalQueue] + depths[OverflowQueue] + held + m.lastNew))
 		return dbErr
 	}
-	m.lastNew = newCount
 	var terminalAge time.Duration
 	if !oldestNew.IsZero() {
 		terminalAge = max(now.Sub(oldestNew), 0)
