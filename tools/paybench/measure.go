@@ -490,6 +490,10 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration, us
 	sent := make([]time.Time, n)
 	interval := time.Duration(float64(time.Second) / rate)
 	start = time.Now()
+	if o.openDump != "" {
+		stopSampling := sampleHost(filepath.Join(o.openDump, fmt.Sprintf("open-%s.host.tsv", start.UTC().Format("150405"))), start)
+		defer stopSampling()
+	}
 	for i, p := range pays {
 		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
 			time.Sleep(wait)
@@ -547,9 +551,57 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration, us
 // the loop's start, and its publish-to-payment latency in milliseconds.
 func dumpOpen(dir string, start time.Time, sent []time.Time, lat []time.Duration) {
 	var b strings.Builder
-	b.WriteString("sent_ms\tlatency_ms\n")
+	fmt.Fprintf(&b, "# loop start %s (Unix ms %d)\nsent_ms\tlatency_ms\n", start.UTC().Format(time.RFC3339Nano), start.UnixMilli())
 	for i := range sent {
 		fmt.Fprintf(&b, "%.3f\t%.3f\n", float64(sent[i].Sub(start))/1e6, float64(lat[i])/1e6)
 	}
 	os.WriteFile(filepath.Join(dir, fmt.Sprintf("open-%s.tsv", start.UTC().Format("150405"))), []byte(b.String()), 0o644)
+}
+
+// sampleHost writes, every 10 ms until stopped, the host's CPU time (the
+// first line of /proc/stat, in clock ticks: user nice system idle iowait
+// irq softirq steal) and each disk's writes completed, I/Os in flight,
+// milliseconds spent doing I/O and flushes completed (/proc/diskstats;
+// loop, ram and zram devices left out), cumulative, with the time in ms
+// from start. A pause in which no write completes while I/Os are in
+// flight and the CPUs wait is the disk's; one with the CPUs busy is not.
+func sampleHost(path string, start time.Time) (stop func()) {
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		var b strings.Builder
+		b.WriteString("t_ms\tuser\tnice\tsystem\tidle\tiowait\tirq\tsoftirq\tsteal\tdevice\twrites\tin_flight\tio_ms\tflushes\n")
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				os.WriteFile(path, []byte(b.String()), 0o644)
+				return
+			case now := <-tick.C:
+				stat, err1 := os.ReadFile("/proc/stat")
+				disks, err2 := os.ReadFile("/proc/diskstats")
+				if err1 != nil || err2 != nil {
+					continue
+				}
+				cpu := strings.Fields(strings.SplitN(string(stat), "\n", 2)[0])
+				if len(cpu) < 9 {
+					continue
+				}
+				for _, line := range strings.Split(string(disks), "\n") {
+					f := strings.Fields(line)
+					if len(f) < 14 || strings.HasPrefix(f[2], "loop") || strings.HasPrefix(f[2], "ram") || strings.HasPrefix(f[2], "zram") {
+						continue
+					}
+					flushes := "0"
+					if len(f) > 18 {
+						flushes = f[18]
+					}
+					fmt.Fprintf(&b, "%.1f\t%s\t%s\t%s\t%s\t%s\t%s\n", float64(now.Sub(start))/1e6, strings.Join(cpu[1:9], "\t"),
+						f[2], f[7], f[11], f[12], flushes)
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }
