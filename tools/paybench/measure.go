@@ -1,13 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -490,9 +493,14 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration, us
 	sent := make([]time.Time, n)
 	interval := time.Duration(float64(time.Second) / rate)
 	start = time.Now()
+	var stopSampling func() []hostSample
 	if o.openDump != "" {
-		stopSampling := sampleHost(filepath.Join(o.openDump, fmt.Sprintf("open-%s.host.tsv", start.UTC().Format("150405"))), start)
-		defer stopSampling()
+		stopSampling = sampleHost(filepath.Join(o.openDump, fmt.Sprintf("open-%s.host.tsv", start.UTC().Format("150405"))), start)
+		defer func() {
+			if stopSampling != nil {
+				stopSampling()
+			}
+		}()
 	}
 	for i, p := range pays {
 		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
@@ -537,6 +545,14 @@ func openLoop(ctx context.Context, o *options, rate float64, d time.Duration, us
 	lat.worst = worstSecond(start, sent, byMsg)
 	if o.openDump != "" {
 		dumpOpen(o.openDump, start, sent, byMsg)
+		host := stopSampling()
+		stopSampling = nil
+		paid, sentMs, latMs := make([]float64, n), make([]float64, n), make([]float64, n)
+		for i := range sent {
+			sentMs[i], latMs[i] = float64(sent[i].Sub(start))/1e6, float64(byMsg[i])/1e6
+			paid[i] = sentMs[i] + latMs[i]
+		}
+		lat.worst += "; " + pauses(paid, sentMs, latMs, host)
 	}
 	lat.p50, lat.p99, lat.p999 = percentiles(all)
 	rec.mu.Lock()
@@ -558,50 +574,147 @@ func dumpOpen(dir string, start time.Time, sent []time.Time, lat []time.Duration
 	os.WriteFile(filepath.Join(dir, fmt.Sprintf("open-%s.tsv", start.UTC().Format("150405"))), []byte(b.String()), 0o644)
 }
 
-// sampleHost writes, every 10 ms until stopped, the host's CPU time (the
-// first line of /proc/stat, in clock ticks: user nice system idle iowait
-// irq softirq steal) and each disk's writes completed, I/Os in flight,
-// milliseconds spent doing I/O and flushes completed (/proc/diskstats;
-// loop, ram and zram devices left out), cumulative, with the time in ms
-// from start. A pause in which no write completes while I/Os are in
-// flight and the CPUs wait is the disk's; one with the CPUs busy is not.
-func sampleHost(path string, start time.Time) (stop func()) {
+// hostSample is the host at one moment of an open loop: CPU time in
+// clock ticks (user nice system idle iowait irq softirq steal, the first
+// line of /proc/stat) and, summed over the disks (/proc/diskstats; loop,
+// ram and zram left out), writes completed, I/Os in flight, milliseconds
+// spent doing I/O and flushes completed; at ms from the loop's start.
+type hostSample struct {
+	ms                            float64
+	cpu                           [8]int64
+	writes, inFlight, ioMs, flush int64
+}
+
+// sampleHost samples the host every 10 ms until stop, which writes the
+// samples to path (TSV) and returns them.
+func sampleHost(path string, start time.Time) (stop func() []hostSample) {
 	done, finished := make(chan struct{}), make(chan struct{})
+	var samples []hostSample
 	go func() {
 		defer close(finished)
-		var b strings.Builder
-		b.WriteString("t_ms\tuser\tnice\tsystem\tidle\tiowait\tirq\tsoftirq\tsteal\tdevice\twrites\tin_flight\tio_ms\tflushes\n")
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {
 			case <-done:
-				os.WriteFile(path, []byte(b.String()), 0o644)
 				return
 			case now := <-tick.C:
-				stat, err1 := os.ReadFile("/proc/stat")
-				disks, err2 := os.ReadFile("/proc/diskstats")
-				if err1 != nil || err2 != nil {
-					continue
-				}
-				cpu := strings.Fields(strings.SplitN(string(stat), "\n", 2)[0])
-				if len(cpu) < 9 {
-					continue
-				}
-				for _, line := range strings.Split(string(disks), "\n") {
-					f := strings.Fields(line)
-					if len(f) < 14 || strings.HasPrefix(f[2], "loop") || strings.HasPrefix(f[2], "ram") || strings.HasPrefix(f[2], "zram") {
-						continue
-					}
-					flushes := "0"
-					if len(f) > 18 {
-						flushes = f[18]
-					}
-					fmt.Fprintf(&b, "%.1f\t%s\t%s\t%s\t%s\t%s\t%s\n", float64(now.Sub(start))/1e6, strings.Join(cpu[1:9], "\t"),
-						f[2], f[7], f[11], f[12], flushes)
+				if h, ok := readHost(); ok {
+					h.ms = float64(now.Sub(start)) / 1e6
+					samples = append(samples, h)
 				}
 			}
 		}
 	}()
-	return func() { close(done); <-finished }
+	return func() []hostSample {
+		close(done)
+		<-finished
+		var b strings.Builder
+		b.WriteString("t_ms\tuser\tnice\tsystem\tidle\tiowait\tirq\tsoftirq\tsteal\twrites\tin_flight\tio_ms\tflushes\n")
+		for _, h := range samples {
+			fmt.Fprintf(&b, "%.1f", h.ms)
+			for _, c := range h.cpu {
+				fmt.Fprintf(&b, "\t%d", c)
+			}
+			fmt.Fprintf(&b, "\t%d\t%d\t%d\t%d\n", h.writes, h.inFlight, h.ioMs, h.flush)
+		}
+		os.WriteFile(path, []byte(b.String()), 0o644)
+		return samples
+	}
+}
+
+func readHost() (h hostSample, ok bool) {
+	stat, err1 := os.ReadFile("/proc/stat")
+	disks, err2 := os.ReadFile("/proc/diskstats")
+	if err1 != nil || err2 != nil {
+		return h, false
+	}
+	cpu := strings.Fields(strings.SplitN(string(stat), "\n", 2)[0])
+	if len(cpu) < 9 {
+		return h, false
+	}
+	for i := range h.cpu {
+		h.cpu[i], _ = strconv.ParseInt(cpu[i+1], 10, 64)
+	}
+	for _, line := range strings.Split(string(disks), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 14 || strings.HasPrefix(f[2], "loop") || strings.HasPrefix(f[2], "ram") || strings.HasPrefix(f[2], "zram") {
+			continue
+		}
+		n := func(i int) int64 {
+			if i >= len(f) {
+				return 0
+			}
+			v, _ := strconv.ParseInt(f[i], 10, 64)
+			return v
+		}
+		h.writes += n(7)
+		h.inFlight += n(11)
+		h.ioMs += n(12)
+		h.flush += n(18)
+	}
+	return h, true
+}
+
+// pauses finds the moments of the loop in which no payment was paid for
+// 50 ms or more while payments were published (paid: each payment's
+// pay_time in ms from the loop's start), and says how many of them the
+// disk explains: no write completed while I/Os were in flight for at
+// least half the pause. It counts the payments over 50 ms that waited
+// through a pause.
+func pauses(paid, sentMs, latMs []float64, host []hostSample) string {
+	order := make([]int, len(paid))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(x, y int) int { return cmp.Compare(paid[x], paid[y]) })
+	// waiting[k]: the earliest publish among the payments paid at or after
+	// the k-th pay time: a pause counts only if one of them waited 50 ms
+	// of it (a slow publisher's gaps are no pause).
+	waiting := make([]float64, len(order)+1)
+	waiting[len(order)] = math.Inf(1)
+	for k := len(order) - 1; k >= 0; k-- {
+		waiting[k] = min(waiting[k+1], sentMs[order[k]])
+	}
+	var n, disk int
+	var total float64
+	type gap struct{ a, b float64 }
+	var gaps []gap
+	for k := 1; k < len(order); k++ {
+		a, b := paid[order[k-1]], paid[order[k]]
+		if a = max(a, waiting[k]); b-a < 50 {
+			continue
+		}
+		n++
+		total += b - a
+		gaps = append(gaps, gap{a, b})
+		stalled, all := 0, 0
+		for j := 1; j < len(host); j++ {
+			if host[j].ms < a || host[j].ms > b {
+				continue
+			}
+			all++
+			if host[j].writes == host[j-1].writes && host[j].inFlight > 0 {
+				stalled++
+			}
+		}
+		if all > 0 && 2*stalled >= all {
+			disk++
+		}
+	}
+	slow, inPause := 0, 0
+	for i := range latMs {
+		if latMs[i] <= 50 {
+			continue
+		}
+		slow++
+		for _, g := range gaps {
+			if sentMs[i] < g.b && sentMs[i]+latMs[i] > g.a {
+				inPause++
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("pauses of 50ms+ with nothing paid: %d (%.0f ms), %d with the disk stalled; %d of %d payments over 50ms waited through one",
+		n, total, disk, inPause, slow)
 }
