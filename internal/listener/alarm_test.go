@@ -36,12 +36,7 @@ func TestResourceAlarmHoldsCopiesAndAcksTheRest(t *testing.T) {
 	e.ch = e.channel()
 	e.declare()
 	e.seedAccount(9, "100.00")
-	bodies := [][]byte{body("ALARM-NONE", 9, "1.00")} // no such order: a retry copy, first
-	for i := range 20 {
-		no := fmt.Sprintf("ALARM%02d", i)
-		e.seedOrder(no, 9, "1.00")
-		bodies = append(bodies, body(no, 9, "1.00"))
-	}
+	bodies := append([][]byte{body("ALARM-NONE", 9, "1.00")}, e.seedOrders("ALARM%02d", 9, 20)...) // no such order: a retry copy, first
 	e.publish(bodies...)
 
 	clearAlarm := testenv.MemoryAlarm(t, node)

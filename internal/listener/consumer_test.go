@@ -340,12 +340,7 @@ func TestRedisDownClosedHoldsThenDrains(t *testing.T) {
 	proxy := testenv.NewProxy(t, e.redisAddr)
 	e.seedAccount(5, "100.00")
 	const n = 5
-	var msgs [][]byte
-	for i := range n {
-		no := fmt.Sprintf("RD%d", i)
-		e.seedOrder(no, 5, "1.00")
-		msgs = append(msgs, body(no, 5, "1.00"))
-	}
+	msgs := e.seedOrders("RD%d", 5, n)
 	c := e.start(proxy.Addr(), e.dsn)
 	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready")
 	proxy.Down()
@@ -414,12 +409,7 @@ func TestMySQLDownPausesThenDrains(t *testing.T) {
 	}
 	e.seedAccount(9, "100.00")
 	const n = 4
-	var msgs [][]byte
-	for i := range n {
-		no := fmt.Sprintf("MD%d", i)
-		e.seedOrder(no, 9, "1.00")
-		msgs = append(msgs, body(no, 9, "1.00"))
-	}
+	msgs := e.seedOrders("MD%d", 9, n)
 	c := e.start(e.redisAddr, dsn)
 	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready")
 	proxy.Down()
@@ -513,12 +503,7 @@ func TestBrokerConnectionLossResumes(t *testing.T) {
 	e.declare()
 	const before, after = 300, 50
 	e.seedAccount(13, "1000.00")
-	var msgs [][]byte
-	for i := range before + after {
-		no := fmt.Sprintf("BC%03d", i)
-		e.seedOrder(no, 13, "1.00")
-		msgs = append(msgs, body(no, 13, "1.00"))
-	}
+	msgs := e.seedOrders("BC%03d", 13, before+after)
 	e.publish(msgs[:before]...)
 	c := e.start(e.redisAddr, e.dsn, func(c *setup) { c.Workers, c.Prefetch = 2, 4 })
 	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["FIRST"] >= 10 }, "no progress")
@@ -586,12 +571,7 @@ func TestNackedTerminalCopyKeepsTheOriginal(t *testing.T) {
 		t.Fatal("the broker never refused a publish to the capped terminal queue")
 	}
 	e.seedAccount(10, "100.00")
-	bodies := [][]byte{[]byte(`not json`)} // a terminal copy, first
-	for i := range 10 {
-		no := fmt.Sprintf("CAP%02d", i)
-		e.seedOrder(no, 10, "1.00")
-		bodies = append(bodies, body(no, 10, "1.00"))
-	}
+	bodies := append([][]byte{[]byte(`not json`)}, e.seedOrders("CAP%02d", 10, 10)...) // a terminal copy, first
 	e.publish(bodies...)
 	c := e.start(e.redisAddr, e.dsn)
 	testenv.Eventually(t, 15*time.Second, func() bool {
@@ -766,12 +746,7 @@ func TestSampledFirstKeepsOtherOutcomes(t *testing.T) {
 	e := newEnv(t)
 	e.declare()
 	e.seedAccount(71, "100.00")
-	var msgs [][]byte
-	for i := range 30 {
-		no := fmt.Sprintf("SMP%02d", i)
-		e.seedOrder(no, 71, "1.00")
-		msgs = append(msgs, body(no, 71, "1.00"))
-	}
+	msgs := e.seedOrders("SMP%02d", 71, 30)
 	e.start(e.redisAddr, e.dsn, func(cfg *setup) { cfg.FirstLog = logging.Sampled(e.log, 2, 1000) })
 	e.publish(msgs...)
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.totalFlows() == 30 }, "payments not applied")

@@ -189,6 +189,18 @@ func body(orderNo string, userID int64, amount string) []byte {
 	return b
 }
 
+// seedOrders seeds n orders of 1.00 for user, numbered with format (one
+// %d), and returns a payment message for each, in order.
+func (e *env) seedOrders(format string, user int64, n int) [][]byte {
+	bodies := make([][]byte, 0, n)
+	for i := range n {
+		no := fmt.Sprintf(format, i)
+		e.seedOrder(no, user, "1.00")
+		bodies = append(bodies, body(no, user, "1.00"))
+	}
+	return bodies
+}
+
 func (e *env) publish(bodies ...[]byte) {
 	e.t.Helper()
 	testenv.Publish(e.t, e.amqpURL, listener.MainQueue, bodies...)

@@ -55,12 +55,7 @@ func TestOutagesSpendNoDeliveryCount(t *testing.T) {
 			mysqlProxy, dsn := testenv.MySQLProxy(t, e.dsn)
 			e.seedAccount(91, "100.00")
 			const n = 30
-			var msgs [][]byte
-			for i := range n {
-				no := fmt.Sprintf("OUT%02d", i)
-				e.seedOrder(no, 91, "1.00")
-				msgs = append(msgs, body(no, 91, "1.00"))
-			}
+			msgs := e.seedOrders("OUT%02d", 91, n)
 			c := e.start(redisProxy.Addr(), dsn, func(cfg *setup) {
 				cfg.MainQueueType, cfg.DeliveryLimit = "quorum", 3
 			})
@@ -142,12 +137,7 @@ func TestStopReturnsPrefetchedWithANack(t *testing.T) {
 	redisProxy := testenv.NewProxy(t, e.redisAddr)
 	e.seedAccount(93, "100.00")
 	const n = 6
-	var bodies [][]byte
-	for i := range n {
-		no := fmt.Sprintf("PF%d", i)
-		e.seedOrder(no, 93, "1.00")
-		bodies = append(bodies, body(no, 93, "1.00"))
-	}
+	bodies := e.seedOrders("PF%d", 93, n)
 	one := func(cfg *setup) { cfg.Workers, cfg.Prefetch = 1, 10 }
 	c := e.start(redisProxy.Addr(), e.dsn, one)
 	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready")

@@ -17,15 +17,7 @@ import (
 func TestReturnUnstartedNacksWhatNoWorkerStarted(t *testing.T) {
 	t.Parallel()
 	url := testenv.AMQP(t)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testenv.Channel(t, url)
 	const queue = "teardown"
 	if _, err := ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,15 @@ import (
 	"github.com/paysvc/paysvc/internal/sandbox"
 )
 
+// Channel opens a connection to url and a channel on it, closed at
+// cleanup.
+func Channel(t testing.TB, url string) *amqp.Channel {
+	t.Helper()
+	conn, ch := dial(t, url)
+	t.Cleanup(func() { conn.Close() })
+	return ch
+}
+
 func dial(t testing.TB, url string) (*amqp.Connection, *amqp.Channel) {
 	t.Helper()
 	conn, err := amqp.Dial(url)
