@@ -254,6 +254,56 @@ func TestDispatcherMarksHandedOverNoticesTogether(t *testing.T) {
 	}
 }
 
+// Handed-over notices wait out the linger to share one read and one
+// publish batch: n payments committed one by one go out in a single batch
+// once it holds Batch notices, however long the linger; and a dispatcher
+// stopped while lingering publishes and marks what it holds before Run
+// returns, instead of leaving it to the lease.
+func TestDispatcherBatchesHandedOverNotices(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	amqpURL := testenv.AMQP(t)
+	const n = 30
+	for i := range n + 1 {
+		db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES (?, ?, 1.00)", fmt.Sprintf("L%d", i), i+1)
+		db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (?, 10.00)", i+1)
+	}
+	d := &outbox.Dispatcher{DB: db, URL: amqpURL, Name: "linger test", Interval: time.Hour, Batch: n,
+		Log: zap.NewNop(), Handoff: make(chan []string, n), Linger: time.Hour}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	testenv.Eventually(t, 10*time.Second, func() bool { return testenv.QueueExists(t, amqpURL, outbox.Queue) }, "the dispatcher declared its queue")
+	store := order.NewStore(db)
+	store.NoticeLease, store.OnCommitted = time.Hour, d.Offer
+	for i := range n {
+		if err := store.Pay(context.Background(), order.Payment{OrderNo: fmt.Sprintf("L%d", i), UserID: int64(i + 1), Amount: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return testenv.Depth(t, amqpURL, outbox.Queue) == n },
+		"a full batch of handed-over notices was not published")
+	if b := d.Batches(); b != 1 {
+		t.Fatalf("%d notices handed over one by one went out in %d batches, want 1", n, b)
+	}
+
+	if err := store.Pay(context.Background(), order.Payment{OrderNo: fmt.Sprintf("L%d", n), UserID: n + 1, Amount: 100}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(d.Handoff) == 0 }, "the dispatcher did not take the last offer")
+	cancel()
+	<-done
+	if got := testenv.Depth(t, amqpURL, outbox.Queue); got != n+1 {
+		t.Fatalf("%d notices in %s after the stop, want %d: the lingering notice was not published", got, outbox.Queue, n+1)
+	}
+	var sent int
+	db.Get(&sent, "SELECT COUNT(*) FROM t_outbox WHERE status = 'SENT' AND attempts = 1")
+	if sent != n+1 {
+		t.Fatalf("%d notices marked sent, want %d", sent, n+1)
+	}
+}
+
 // A notice that keeps failing waits 1 s, then twice as long after each
 // attempt, up to 5 minutes (the documented cap), never longer and never
 // stuck below it.
