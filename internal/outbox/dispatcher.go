@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -42,8 +43,8 @@ type Dispatcher struct {
 	// dispatcher's connection (a resource alarm), and back to 0.
 	Blocked prometheus.Gauge
 
-	marks   int // UPDATE statements marking notices sent (tests)
-	batches int // publish batches of handed-over notices (tests)
+	marks   int          // UPDATE statements marking notices sent (tests)
+	batches atomic.Int64 // publish batches of handed-over notices (tests, read while Run runs)
 }
 
 // DefaultMarkDelay: the SENT marks of the notices handed over in this long
@@ -220,7 +221,7 @@ func (d *Dispatcher) session(ctx context.Context) error {
 			// Stopping: the notices taken are published first (bounded),
 			// not left to their lease.
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			d.batches++
+			d.batches.Add(1)
 			sent, err := d.dispatchOffered(dctx, pub, nos)
 			cancel()
 			if len(unmarked) == 0 && len(sent) > 0 {

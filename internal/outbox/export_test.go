@@ -4,4 +4,4 @@ package outbox
 func (d *Dispatcher) Marks() int { return d.marks }
 
 // Batches is how many publish batches took handed-over notices.
-func (d *Dispatcher) Batches() int { return d.batches }
+func (d *Dispatcher) Batches() int { return int(d.batches.Load()) }
