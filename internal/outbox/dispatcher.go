@@ -59,12 +59,10 @@ const (
 )
 
 // DefaultLinger: handed-over notices wait this long for more before they
-// are read and published together. Without it every group's commit woke
-// the dispatcher for a read, a publish and a confirm wait of its own, a few
-// notices each, on the same CPU and servers as the payments (session 13:
-// the notice path was the largest share of the payments' latency); with
-// it, one batch of up to Batch every DefaultLinger. A notice is published
-// that much later; the payment is not.
+// are read and published together, so that one read, one publish batch and
+// one confirm wait serve many groups' notices instead of a few each, on the
+// CPU and servers the payments use. A notice is published that much later;
+// the payment is not.
 const DefaultLinger = 50 * time.Millisecond
 
 // Offer hands the dispatcher the notices of payments its own process
@@ -218,8 +216,9 @@ func (d *Dispatcher) session(ctx context.Context) error {
 				}
 			}
 			linger.Stop()
-			// Stopping: the notices taken are published first (bounded),
-			// not left to their lease.
+			// The batch is not cut short by ctx, only bounded: a stop
+			// publishes the notices taken instead of leaving them to their
+			// lease.
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			d.batches.Add(1)
 			sent, err := d.dispatchOffered(dctx, pub, nos)

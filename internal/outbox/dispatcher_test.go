@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -198,17 +200,7 @@ func TestDispatcherMarksHandedOverNoticesTogether(t *testing.T) {
 	_, db := testenv.MySQL(t)
 	amqpURL := testenv.AMQP(t)
 	const n = 40
-	for i := range n + 1 {
-		db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES (?, ?, 1.00)", fmt.Sprintf("M%d", i), i+1)
-		db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (?, 10.00)", i+1)
-	}
-	run := func(d *outbox.Dispatcher) (stop func()) {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { d.Run(ctx); close(done) }()
-		testenv.Eventually(t, 10*time.Second, func() bool { return testenv.QueueExists(t, amqpURL, outbox.Queue) }, "the dispatcher declared its queue")
-		return func() { cancel(); <-done }
-	}
+	seedPayable(db, "M", n+1)
 	sent := func(where string) int {
 		var c int
 		db.Get(&c, "SELECT COUNT(*) FROM t_outbox WHERE status = 'SENT' AND "+where)
@@ -217,7 +209,7 @@ func TestDispatcherMarksHandedOverNoticesTogether(t *testing.T) {
 
 	d := &outbox.Dispatcher{DB: db, URL: amqpURL, Name: "marks test", Interval: time.Hour, Batch: 100,
 		Log: zap.NewNop(), Handoff: make(chan []string, n), MarkDelay: 300 * time.Millisecond}
-	stop := run(d)
+	stop := runDispatcher(t, d, amqpURL)
 	store := order.NewStore(db)
 	store.NoticeLease, store.OnCommitted = time.Hour, d.Offer
 	for i := range n {
@@ -238,7 +230,7 @@ func TestDispatcherMarksHandedOverNoticesTogether(t *testing.T) {
 	// Stopped with a mark pending (the delay is an hour): Run marks it first.
 	late := &outbox.Dispatcher{DB: db, URL: amqpURL, Name: "marks test 2", Interval: time.Hour, Batch: 100,
 		Log: zap.NewNop(), Handoff: make(chan []string, 1), MarkDelay: time.Hour}
-	stop = run(late)
+	stop = runDispatcher(t, late, amqpURL)
 	store.OnCommitted = late.Offer
 	if err := store.Pay(context.Background(), order.Payment{OrderNo: fmt.Sprintf("M%d", n), UserID: n + 1, Amount: 100}); err != nil {
 		t.Fatal(err)
@@ -264,17 +256,11 @@ func TestDispatcherBatchesHandedOverNotices(t *testing.T) {
 	_, db := testenv.MySQL(t)
 	amqpURL := testenv.AMQP(t)
 	const n = 30
-	for i := range n + 1 {
-		db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES (?, ?, 1.00)", fmt.Sprintf("L%d", i), i+1)
-		db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (?, 10.00)", i+1)
-	}
+	seedPayable(db, "L", n+1)
 	d := &outbox.Dispatcher{DB: db, URL: amqpURL, Name: "linger test", Interval: time.Hour, Batch: n,
 		Log: zap.NewNop(), Handoff: make(chan []string, n), Linger: time.Hour}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	testenv.Eventually(t, 10*time.Second, func() bool { return testenv.QueueExists(t, amqpURL, outbox.Queue) }, "the dispatcher declared its queue")
+	stop := runDispatcher(t, d, amqpURL)
+	defer stop()
 	store := order.NewStore(db)
 	store.NoticeLease, store.OnCommitted = time.Hour, d.Offer
 	for i := range n {
@@ -292,8 +278,7 @@ func TestDispatcherBatchesHandedOverNotices(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool { return len(d.Handoff) == 0 }, "the dispatcher did not take the last offer")
-	cancel()
-	<-done
+	stop()
 	if got := testenv.Depth(t, amqpURL, outbox.Queue); got != n+1 {
 		t.Fatalf("%d notices in %s after the stop, want %d: the lingering notice was not published", got, outbox.Queue, n+1)
 	}
@@ -429,4 +414,25 @@ func connections(t *testing.T, node, name string) int {
 		}
 	}
 	return n
+}
+
+// seedPayable inserts n INIT orders of 1.00, prefix0 to prefix<n-1>, the
+// i-th for user i+1, and each user's account holding 10.00.
+func seedPayable(db *sqlx.DB, prefix string, n int) {
+	for i := range n {
+		db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES (?, ?, 1.00)", fmt.Sprintf("%s%d", prefix, i), i+1)
+		db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (?, 10.00)", i+1)
+	}
+}
+
+// runDispatcher runs d until the returned stop (which waits for Run to
+// return, and may be called again); it returns once d has declared its
+// queue.
+func runDispatcher(t *testing.T, d *outbox.Dispatcher, amqpURL string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	testenv.Eventually(t, 10*time.Second, func() bool { return testenv.QueueExists(t, amqpURL, outbox.Queue) }, "the dispatcher declared its queue")
+	return sync.OnceFunc(func() { cancel(); <-done })
 }
