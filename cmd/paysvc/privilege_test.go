@@ -85,6 +85,23 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 			// dispatcher, never polled and leased again.
 			w.count("SELECT COUNT(*) FROM t_outbox WHERE status = 'SENT' AND attempts = 1") == 1
 	}, "the least-privileged daemon did not pay, park and notify")
+	// A claim that finds its key taken: the order's own "done" (a
+	// duplicate), a hand-written consumer's "1", a key of another type.
+	// The claim script runs only the commands the ACL user has.
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('LP2', 71, 1.00), ('LP3', 71, 1.00)")
+	w.rdb.Set(context.Background(), w.prefix+"LP2", "1", time.Hour)
+	w.rdb.HSet(context.Background(), w.prefix+"LP3", "a", "b")
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("LP1", 71, "20.00"), payment("LP2", 71, "1.00"), payment("LP3", 71, "1.00"))
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return w.count("SELECT COUNT(*) FROM t_order WHERE order_no IN ('LP2', 'LP3') AND status = 'PAID'") == 2 &&
+			strings.Contains(logs.String(), `"order_no":"LP1","idem_key":"`+w.prefix+`LP1","result":"DUPLICATE"`)
+	}, "the least-privileged daemon did not answer the duplicate and pay past the foreign keys")
+	if n := w.count("SELECT COUNT(*) FROM t_account_flow WHERE biz_no = 'LP1'"); n != 1 {
+		t.Fatalf("LP1 has %d flows, want 1", n)
+	}
+	if strings.Contains(logs.String(), "NOPERM") || strings.Contains(logs.String(), "can't run this command") {
+		t.Fatal("a Redis command the ACL user may not run was sent")
+	}
 	if strings.Contains(logs.String(), pw) {
 		t.Fatal("a password reached the log")
 	}

@@ -89,19 +89,21 @@ type Claim struct {
 // the key holds afterwards with its remaining life in milliseconds, in one
 // atomic step. A retry of a call whose reply was lost finds its own token,
 // and so still reads as claimed. A key of another type than a string reads
-// as the value "<type>" (a GET would fail with WRONGTYPE).
+// as the value "<wrongtype>" (its GET fails with WRONGTYPE). The script
+// calls only SET, GET and PTTL: the commands the least-privilege ACL user
+// (scripts/least-privilege.sh) may run.
 var claimScript = redis.NewScript(`
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {ARGV[1], tonumber(ARGV[2])}
 end
-local t = redis.call('TYPE', KEYS[1])['ok']
-if t == 'none' then
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' and v.err then
+  return {'<wrongtype>', redis.call('PTTL', KEYS[1])}
+end
+if not v then
   return {false, -2}
 end
-if t ~= 'string' then
-  return {'<' .. t .. '>', redis.call('PTTL', KEYS[1])}
-end
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+return {v, redis.call('PTTL', KEYS[1])}
 `)
 
 // releaseScript deletes the key only while it holds our token.
