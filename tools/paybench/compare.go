@@ -149,8 +149,20 @@ func measureDaemon(ctx context.Context, o *options, n int, hot float64, extraEnv
 	failed := true
 	defer func() { d.stop(failed) }()
 	deadline := time.Now().Add(time.Duration(msgs/20+60) * time.Second)
+	nextReport := msgs / 10
 	for {
 		handled, _ := handledMessages(d.httpAddr)
+		if o.heapTrace && handled >= nextReport {
+			// The daemon's own figures, as an operator's Prometheus sees
+			// them: memory flat over a long run.
+			g, err := scrape(d.httpAddr, "go_memstats_heap_inuse_bytes", "process_resident_memory_bytes", "go_goroutines")
+			if err != nil {
+				return measured{}, err
+			}
+			fmt.Printf("  paysvc daemon: %d of %d handled, heap in use %.1f MiB, RSS %.1f MiB, %.0f goroutines\n", handled, msgs,
+				g["go_memstats_heap_inuse_bytes"]/(1<<20), g["process_resident_memory_bytes"]/(1<<20), g["go_goroutines"])
+			nextReport += msgs / 10
+		}
 		if handled >= msgs {
 			var pending int
 			if err := b.DB.GetContext(ctx, &pending, "SELECT COUNT(*) FROM t_outbox WHERE status = 'PENDING'"); err == nil && pending == 0 {
@@ -181,30 +193,40 @@ func measureDaemon(ctx context.Context, o *options, n int, hot float64, extraEnv
 // daemon about a tenth of its CPU in a profile). A run's end is seen up to
 // 50 ms late, which counts against paysvc.
 func handledMessages(addr string) (int, error) {
+	m, err := scrape(addr, "paysvc_messages_total")
+	return int(m["paysvc_messages_total"]), err
+}
+
+// scrape reads the named series from the daemon's /metrics, each summed
+// over its labels.
+func scrape(addr string, names ...string) (map[string]float64, error) {
 	req, err := http.NewRequest("GET", "http://"+addr+"/metrics", nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	req.Header.Set("Accept-Encoding", "identity")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
-	total := 0
+	sums := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "paysvc_messages_total{") {
-			continue
-		}
-		if i := strings.LastIndexByte(line, ' '); i > 0 {
-			if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-				total += int(v)
+		for _, name := range names {
+			rest, ok := strings.CutPrefix(line, name)
+			if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
+				continue
+			}
+			if i := strings.LastIndexByte(rest, ' '); i >= 0 {
+				if v, err := strconv.ParseFloat(rest[i+1:], 64); err == nil {
+					sums[name] += v
+				}
 			}
 		}
 	}
-	return total, sc.Err()
+	return sums, sc.Err()
 }
 
 // compare runs, rounds times and interleaved, the reference consumer (32

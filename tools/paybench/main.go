@@ -68,7 +68,8 @@ func main() {
 	flag.IntVar(&o.hotUsers, "hot-users", 10, "accounts in the hot-account run")
 	flag.Float64Var(&o.dup, "dup", 0.1, "share of payments published twice")
 	only := flag.String("only", "", "comma-separated phases: compare,ceilings,grouped,default,article,hot,open; "+
-		"and pairs (only when named: paired open loops, -paysvc-env's settings against -pair-env's)")
+		"and, only when named, pairs (paired open loops, -paysvc-env's settings against -pair-env's) and "+
+		"daemon (one drain of -n payments by the paysvc daemon; with -heap-trace its heap, RSS and goroutines every 10%)")
 	flag.StringVar(&o.paysvcBinary, "paysvc", "bin/paysvc", "the paysvc binary the compare phase runs")
 	flag.Func("paysvc-env", "KEY=VALUE for the compare phase's daemon, e.g. PAYSVC_MYSQL_GROUPSIZE=32 (repeatable; the targets are on the defaults)",
 		func(s string) error {
@@ -121,6 +122,14 @@ func main() {
 		if err := pairs(ctx, o, *rounds, pairEnv, *pairBinary); err != nil {
 			fail(err)
 		}
+	}
+	if strings.Contains(","+*only+",", ",daemon,") {
+		m, err := measureDaemon(ctx, o, o.n, 0)
+		if err != nil {
+			fail(err)
+		}
+		row(fmt.Sprintf("paysvc daemon (defaults), %d msgs, %.0f%% dup", m.msgs, o.dup*100), m.rate,
+			m.cost.String())
 	}
 	if want("compare") {
 		if err := compare(ctx, o, *rounds, row); err != nil {
