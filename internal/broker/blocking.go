@@ -17,26 +17,46 @@ import (
 type Blocking struct {
 	mu    sync.Mutex
 	clear chan struct{} // closed while the connection is not blocked
+
+	callMu  sync.Mutex // held around each call of changed, and by Stop
+	stopped bool
 }
 
 // WatchBlocking follows conn's notifications; changed, if not nil, is called
-// on every change the broker notifies (active: blocked). When conn closes
-// while blocked, Blocked reads false (nothing waits on it any more) without
-// a call: the close may come late, after the caller's next connection was
-// blocked, and a gauge set then would lie about that one.
+// on every change the broker notifies (active: blocked), until Stop. When
+// conn closes while blocked, Blocked reads false (nothing waits on it any
+// more) without a call: the close may come late, after the caller's next
+// connection was blocked, and a gauge set then would lie about that one.
 func WatchBlocking(conn *amqp.Connection, changed func(active bool, reason string)) *Blocking {
+	return watch(conn.NotifyBlocked(make(chan amqp.Blocking, 4)), changed)
+}
+
+func watch(notes <-chan amqp.Blocking, changed func(active bool, reason string)) *Blocking {
 	b := &Blocking{clear: make(chan struct{})}
 	close(b.clear)
-	notes := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	go func() {
 		for n := range notes { // closed with the connection
 			if b.set(n.Active) && changed != nil {
-				changed(n.Active, n.Reason)
+				b.callMu.Lock()
+				if !b.stopped {
+					changed(n.Active, n.Reason)
+				}
+				b.callMu.Unlock()
 			}
 		}
 		b.set(false)
 	}()
 	return b
+}
+
+// Stop ends the calls of changed: when it returns, none runs and none will.
+// A session calls it before it resets what changed sets (a gauge): a
+// notification still buffered when the session ended would otherwise set
+// the gauge after the reset, for a connection that is gone.
+func (b *Blocking) Stop() {
+	b.callMu.Lock()
+	b.stopped = true
+	b.callMu.Unlock()
 }
 
 // set records the state and reports whether it changed.

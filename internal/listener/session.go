@@ -56,6 +56,7 @@ func (c *Consumer) session(ctx context.Context) error {
 		c.m.BrokerBlocked.WithLabelValues("consumer").Set(0)
 		c.log.Info("broker unblocked publishing", zap.String("reason", reason))
 	})
+	defer blocking.Stop() // before the gauge's reset above
 
 	setup, err := conn.Channel()
 	if err != nil {

@@ -65,6 +65,11 @@ const (
 // the payment is not.
 const DefaultLinger = 50 * time.Millisecond
 
+// stopBound bounds what a stop leaves a session to finish: the batch it had
+// taken (its confirm wait, its reschedule) and the SENT marks. Then the
+// connection's close (broker.CloseConn) is the rest of a stop.
+const stopBound = 20 * time.Second
+
 // Offer hands the dispatcher the notices of payments its own process
 // committed, written leased to it (order.Store.NoticeLease): it publishes
 // them without polling for them or leasing them again. Offer never blocks:
@@ -153,6 +158,12 @@ func (d *Dispatcher) session(ctx context.Context) error {
 				zap.String("reason", reason))
 		}
 	})
+	defer blocking.Stop() // before the gauge's reset above
+	// What a stop leaves to finish (a batch taken, its reschedule, the
+	// marks) is not cut short by it, but all of it ends within stopBound.
+	finish, cancelFinish := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelFinish()
+	defer context.AfterFunc(ctx, func() { time.AfterFunc(stopBound, cancelFinish) })()
 	pub := broker.NewPublisher(conn, 10*time.Second)
 	defer pub.Close()
 	poll := time.NewTimer(0)
@@ -165,7 +176,7 @@ func (d *Dispatcher) session(ctx context.Context) error {
 	defer markDue.Stop()
 	flush := func() error {
 		markDue.Stop()
-		err := d.markSent(ctx, unmarked)
+		err := d.markSent(finish, unmarked)
 		unmarked = unmarked[:0]
 		return err
 	}
@@ -195,6 +206,9 @@ func (d *Dispatcher) session(ctx context.Context) error {
 	linger.Stop()
 	defer linger.Stop()
 	for {
+		if ctx.Err() != nil { // stopped: no new offer or poll is taken
+			return nil
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -219,23 +233,25 @@ func (d *Dispatcher) session(ctx context.Context) error {
 			// The batch is not cut short by ctx, only bounded: a stop
 			// publishes the notices taken instead of leaving them to their
 			// lease.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			d.batches.Add(1)
-			sent, err := d.dispatchOffered(dctx, pub, nos)
-			cancel()
+			sent, err := d.dispatchOffered(finish, pub, nos)
 			if len(unmarked) == 0 && len(sent) > 0 {
 				markDue.Reset(delay)
 			}
 			if unmarked = append(unmarked, sent...); len(unmarked) >= markMax {
-				if ferr := flush(); err == nil {
-					err = ferr
+				if ferr := flush(); ferr != nil {
+					if err == nil {
+						err = ferr
+					} else { // the batch's own error is the one returned
+						d.Log.Warn("outbox dispatcher: notices sent, not marked; sent again after their lease", zap.Error(ferr))
+					}
 				}
 			}
 			if err := blockedWait(err); err != nil {
 				return err
 			}
 		case <-poll.C:
-			n, err := d.DispatchOnce(ctx, pub)
+			n, err := d.dispatchDue(ctx, finish, pub)
 			if err := blockedWait(err); err != nil {
 				return err
 			}
@@ -251,8 +267,10 @@ func (d *Dispatcher) session(ctx context.Context) error {
 // dispatchOffered publishes the pending notices of the offered order
 // numbers and returns the ids of those sent, to be marked by the caller.
 // They were written leased to this process: a plain read finds them, and no
-// other dispatcher takes them before their lease ends.
-func (d *Dispatcher) dispatchOffered(ctx context.Context, pub *broker.Publisher, orderNos []string) (sent []int64, err error) {
+// other dispatcher takes them before their lease ends. finish is a context
+// a stop does not cancel (a batch taken is published, not left to its
+// lease).
+func (d *Dispatcher) dispatchOffered(finish context.Context, pub *broker.Publisher, orderNos []string) (sent []int64, err error) {
 	for len(orderNos) > 0 {
 		n := min(len(orderNos), broker.MaxBatch)
 		q, args, err := sqlx.In(`SELECT id, biz_no, payload, attempts, traceparent FROM t_outbox
@@ -261,11 +279,14 @@ func (d *Dispatcher) dispatchOffered(ctx context.Context, pub *broker.Publisher,
 			return sent, err
 		}
 		var rows []notice
-		if err := d.DB.SelectContext(ctx, &rows, q, args...); err != nil {
+		rctx, cancel := context.WithTimeout(finish, 10*time.Second)
+		err = d.DB.SelectContext(rctx, &rows, q, args...)
+		cancel()
+		if err != nil {
 			return sent, fmt.Errorf("outbox: read offered notices: %w", err)
 		}
 		if len(rows) > 0 {
-			ok, err := d.publish(ctx, pub, rows)
+			ok, err := d.publish(finish, pub, rows)
 			if sent = append(sent, ok...); err != nil {
 				return sent, err
 			}
@@ -299,6 +320,12 @@ type notice struct {
 // in one statement; a notice that failed is scheduled again with backoff
 // (1 s, 2 s, 4 s... 5 min) and the first failure is returned.
 func (d *Dispatcher) DispatchOnce(ctx context.Context, pub *broker.Publisher) (int, error) {
+	return d.dispatchDue(ctx, context.WithoutCancel(ctx), pub)
+}
+
+// dispatchDue is DispatchOnce; what follows the lease (the publishes, the
+// reschedule, the marks) runs on finish, which ctx's end does not cancel.
+func (d *Dispatcher) dispatchDue(ctx, finish context.Context, pub *broker.Publisher) (int, error) {
 	var rows []notice
 	err := sqldb.InTx(ctx, d.DB, func(tx *sqldb.Tx) error {
 		err := tx.SelectContext(ctx, &rows, `SELECT id, biz_no, payload, attempts, traceparent FROM t_outbox
@@ -324,21 +351,21 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context, pub *broker.Publisher) (i
 	for i := range rows {
 		rows[i].Attempts++ // the lease counted this attempt
 	}
-	sent, err := d.publish(ctx, pub, rows)
-	if merr := d.markSent(ctx, sent); merr != nil {
+	sent, err := d.publish(finish, pub, rows)
+	if merr := d.markSent(finish, sent); merr != nil {
 		return 0, merr
 	}
 	return len(sent), err
 }
 
-// markSent marks the sent notices in one statement, even when ctx ended
-// (the publishes are done), within 10 s. Sent and not marked, a notice is
-// sent again after its lease.
-func (d *Dispatcher) markSent(ctx context.Context, sent []int64) error {
+// markSent marks the sent notices in one statement within 10 s, on finish
+// (a context a stop does not cancel: the publishes are done). Sent and not
+// marked, a notice is sent again after its lease.
+func (d *Dispatcher) markSent(finish context.Context, sent []int64) error {
 	if len(sent) == 0 {
 		return nil
 	}
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	mctx, cancel := context.WithTimeout(finish, 10*time.Second)
 	defer cancel()
 	q, args, err := sqlx.In(`UPDATE t_outbox SET status = 'SENT', sent_time = CURRENT_TIMESTAMP(3) WHERE id IN (?)`, sent)
 	if err == nil {
@@ -354,7 +381,10 @@ func (d *Dispatcher) markSent(ctx context.Context, sent []int64) error {
 // publish sends leased rows, with one confirm wait for the batch, and
 // schedules the failed ones again with backoff (1 s, 2 s, 4 s... 5 min); it
 // returns the ids of the sent ones (for markSent) and the first failure.
-func (d *Dispatcher) publish(ctx context.Context, pub *broker.Publisher, rows []notice) ([]int64, error) {
+// finish is a context a stop does not cancel: a batch under way finishes
+// (the publisher's timeout bounds it); cut short, the notices the broker
+// had already taken would be rescheduled and sent again.
+func (d *Dispatcher) publish(finish context.Context, pub *broker.Publisher, rows []notice) ([]int64, error) {
 	msgs := make([]amqp.Publishing, len(rows))
 	for i, r := range rows {
 		var headers amqp.Table
@@ -371,10 +401,7 @@ func (d *Dispatcher) publish(ctx context.Context, pub *broker.Publisher, rows []
 			Body:         r.Payload,
 		}
 	}
-	// A batch under way finishes even when ctx ends (the publisher's
-	// timeout bounds it): cut short, the notices the broker had already
-	// taken would be rescheduled and sent again.
-	errs := pub.PublishBatch(context.WithoutCancel(ctx), Exchange, RoutingKey, msgs)
+	errs := pub.PublishBatch(finish, Exchange, RoutingKey, msgs)
 	var sent, failed []notice
 	var firstErr error
 	for i, r := range rows {
@@ -389,8 +416,8 @@ func (d *Dispatcher) publish(ctx context.Context, pub *broker.Publisher, rows []
 		d.Log.Warn("outbox: notice not published; will retry", zap.String("order_no", r.BizNo),
 			zap.Int("attempt", r.Attempts), zap.Error(errs[i]))
 	}
-	// The reschedule runs even when ctx ended: the publishes are done.
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	// The reschedule runs even after a stop: the publishes are done.
+	mctx, cancel := context.WithTimeout(finish, 10*time.Second)
 	defer cancel()
 	if len(failed) > 0 {
 		msg := firstErr.Error()

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -207,8 +208,10 @@ func TestDispatcherMarksHandedOverNoticesTogether(t *testing.T) {
 		return c
 	}
 
+	// No linger: each payment's notice is a publish batch of its own, so
+	// that the marks, not the batches, are what is shared.
 	d := &outbox.Dispatcher{DB: db, URL: amqpURL, Name: "marks test", Interval: time.Hour, Batch: 100,
-		Log: zap.NewNop(), Handoff: make(chan []string, n), MarkDelay: 300 * time.Millisecond}
+		Log: zap.NewNop(), Handoff: make(chan []string, n), MarkDelay: 300 * time.Millisecond, Linger: time.Nanosecond}
 	stop := runDispatcher(t, d, amqpURL)
 	store := order.NewStore(db)
 	store.NoticeLease, store.OnCommitted = time.Hour, d.Offer
@@ -222,6 +225,9 @@ func TestDispatcherMarksHandedOverNoticesTogether(t *testing.T) {
 	stop()
 	if got := testenv.Depth(t, amqpURL, outbox.Queue); got != n {
 		t.Fatalf("%d notices in %s, want %d", got, outbox.Queue, n)
+	}
+	if d.Batches() <= n/2 {
+		t.Fatalf("%d notices in %d publish batches, want more than %d: the test needs batches of their own", n, d.Batches(), n/2)
 	}
 	if d.Marks() > n/4 {
 		t.Fatalf("%d notices marked in %d statements: the marks did not share statements", n, d.Marks())
@@ -348,7 +354,7 @@ func TestDispatcherStopsWhenTheBrokerNeverAnswersTheClose(t *testing.T) {
 	cancel()
 	select {
 	case <-done:
-	case <-time.After(broker.CloseTimeout + 5*time.Second):
+	case <-time.After(broker.CloseTimeout + 2*time.Second):
 		t.Fatalf("the dispatcher still stopping after %v: its close waits for a broker that never answers", time.Since(start))
 	}
 }
@@ -402,6 +408,137 @@ func TestDispatcherWaitsOutAResourceAlarmOnOneConnection(t *testing.T) {
 	}, "the notice was not sent once the alarm cleared")
 	if testutil.ToFloat64(blocked) != 0 {
 		t.Fatal("still reported blocked after the alarm")
+	}
+}
+
+// A dispatcher stopped while it waits out a resource alarm returns at once
+// (and its connection's bounded close): it takes no offer that arrived
+// meanwhile, each of which would be a publish the blocked connection cannot
+// make (10 s), before the stop. Four dispatchers at once, each with offers
+// waiting when it is stopped.
+func TestDispatcherStopsPromptlyInAResourceAlarm(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	node, _, addr := testenv.RabbitNode(t, "", nil)
+	amqpURL := "amqp://guest:guest@" + addr + "/"
+	ch, err := dial(t, amqpURL).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Declare(ch); err != nil {
+		t.Fatal(err)
+	}
+	const runs, each = 4, 4
+	seedPayable(db, "S", runs*each)
+	testenv.MemoryAlarm(t, node)
+	took := make([]time.Duration, runs)
+	errs := make(chan error, runs)
+	var wg sync.WaitGroup
+	for r := range runs {
+		wg.Go(func() {
+			d := &outbox.Dispatcher{DB: db, URL: amqpURL, Name: fmt.Sprintf("%s %d", t.Name(), r), Interval: time.Hour,
+				Batch: 100, Log: zap.NewNop(), Handoff: make(chan []string, 16), Linger: time.Millisecond}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { d.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+			store := order.NewStore(db)
+			store.NoticeLease, store.OnCommitted = time.Hour, d.Offer
+			pay := func(i int) error {
+				return store.Pay(context.Background(), order.Payment{OrderNo: fmt.Sprintf("S%d", i), UserID: int64(i + 1), Amount: 100})
+			}
+			first := r * each
+			if err := pay(first); err != nil {
+				errs <- err
+				return
+			}
+			// Its publish failed on the blocked connection and was
+			// rescheduled: the dispatcher now waits for the alarm to clear.
+			deadline := time.Now().Add(40 * time.Second)
+			for {
+				var failed int
+				db.Get(&failed, "SELECT COUNT(*) FROM t_outbox WHERE biz_no = ? AND last_error <> ''", fmt.Sprintf("S%d", first))
+				if failed == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					errs <- fmt.Errorf("dispatcher %d: the first publish never failed in the alarm", r)
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			for i := first + 1; i < first+each; i++ {
+				if err := pay(i); err != nil {
+					errs <- err
+					return
+				}
+			}
+			start := time.Now()
+			cancel()
+			<-done
+			took[r] = time.Since(start)
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for r, d := range took {
+		// The connection's close is bounded at 5 s (the broker blocks it);
+		// a publish taken after the stop would add its 10 s.
+		if d > 9*time.Second {
+			t.Errorf("dispatcher %d took %s to stop in the alarm, want under 9 s", r, d.Round(time.Millisecond))
+		}
+	}
+}
+
+// A notice the broker returns (no queue bound: q.pay.notify deleted or
+// unbound during a migration) and confirms is not sent: it stays PENDING
+// and goes out once a queue takes it, never marked SENT from a confirm
+// alone.
+func TestDispatcherLeavesReturnedNoticesPending(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	amqpURL := testenv.AMQP(t)
+	ctx := context.Background()
+	ch, err := dial(t, amqpURL).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Declare(ch); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueUnbind(outbox.Queue, "pay.#", outbox.Exchange, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := outbox.AddPaymentSucceeded(ctx, db, fmt.Sprintf("U%d", i), int64(i+1), money.Cents(100), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(status string) (n int) {
+		db.Get(&n, "SELECT COUNT(*) FROM t_outbox WHERE status = ?", status)
+		return n
+	}
+	d := &outbox.Dispatcher{DB: db, Batch: 100, Log: zap.NewNop()}
+	pub := broker.NewPublisher(dial(t, amqpURL), 5*time.Second)
+	defer pub.Close()
+	if n, err := d.DispatchOnce(ctx, pub); n != 0 || !errors.Is(err, broker.ErrUnroutable) {
+		t.Fatalf("DispatchOnce with no queue bound = %d, %v; want 0 sent and ErrUnroutable", n, err)
+	}
+	if sent, pending := count("SENT"), count("PENDING"); sent != 0 || pending != 3 {
+		t.Fatalf("after the returns: %d SENT, %d PENDING; want 0 and 3", sent, pending)
+	}
+	if err := ch.QueueBind(outbox.Queue, "pay.#", outbox.Exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		d.DispatchOnce(ctx, pub) // the returned ones are due again after their backoff (1 s)
+		return count("SENT") == 3
+	}, "the returned notices were not sent once a queue was bound")
+	if n := testenv.Depth(t, amqpURL, outbox.Queue); n != 3 {
+		t.Fatalf("%d notices in %s, want 3", n, outbox.Queue)
 	}
 }
 
