@@ -112,13 +112,16 @@ func duplicates(ctx context.Context, db *sqlx.DB, o Options, r *Report) error {
 		Users   int    `db:"users"`
 		N       int    `db:"n"`
 		FirstID int64  `db:"first_id"`
+		// The largest: a charge is negative, and a flow that is not one
+		// (a legacy row stored positive) leaves the group to a person.
+		MaxAmount money.Cents `db:"max_amount"`
 	}
 	// The window picks the orders (a flow of theirs in it); each order is
 	// then judged on all its flows: its users and its extra charges alike,
 	// or a window that leaves another user's flow out would credit its
 	// amount to the wrong user.
 	err := db.SelectContext(ctx, &groups, `SELECT biz_no, MIN(user_id) AS user_id, COUNT(DISTINCT user_id) AS users,
-		COUNT(*) AS n, MIN(id) AS first_id
+		COUNT(*) AS n, MIN(id) AS first_id, MAX(amount) AS max_amount
 		FROM t_account_flow WHERE type = 'PAY_DEDUCT'
 		  AND biz_no IN (SELECT biz_no FROM t_account_flow WHERE type = 'PAY_DEDUCT'`+w+`)
 		GROUP BY biz_no HAVING COUNT(*) > 1 ORDER BY biz_no`, args...)
@@ -145,6 +148,10 @@ func duplicates(ctx context.Context, db *sqlx.DB, o Options, r *Report) error {
 			// Which user was charged in excess is not the data's to say:
 			// crediting one user the others' flows would pay the wrong one.
 			p.Detail += fmt.Sprintf("; the flows name %d users: fix by hand", g.Users)
+		case g.MaxAmount >= 0:
+			// Not every flow is a charge (a legacy row stored positive):
+			// the "reversal" of such extras would charge the user again.
+			p.Detail += fmt.Sprintf("; a PAY_DEDUCT flow of %s is not a charge: fix by hand", g.MaxAmount)
 		case len(reversed) == 1 && reversed[0] == refund:
 			r.Reconciled++
 			continue

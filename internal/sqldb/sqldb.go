@@ -348,11 +348,17 @@ const lockIdleTimeout = 24 * time.Hour
 // idle timeout is raised first: on MySQL, OpenWith bounds every
 // connection's idle time (wait_timeout), and a holder that works on other
 // connections meanwhile would lose the connection, and with it the lock,
-// without a word.
+// without a word. The connection is closed afterwards, not pooled: its
+// raised idle timeout would outlive the lock, and on MySQL the idle timeout
+// is what bounds a frozen client's open transaction.
 func Lock(ctx context.Context, db *sqlx.DB, name string, wait time.Duration) (*sqlx.Conn, func(), error) {
 	conn, err := db.Connx(ctx)
 	if err != nil {
 		return nil, nil, err
+	}
+	discard := func() {
+		conn.Raw(func(any) error { return driver.ErrBadConn }) // closed by database/sql, never pooled
+		conn.Close()
 	}
 	var got int
 	_, err = conn.ExecContext(ctx, "SET SESSION wait_timeout = ?", int(lockIdleTimeout/time.Second))
@@ -363,12 +369,12 @@ func Lock(ctx context.Context, db *sqlx.DB, name string, wait time.Duration) (*s
 		err = ErrLocked
 	}
 	if err != nil {
-		conn.Close()
+		discard()
 		return nil, nil, err
 	}
 	return conn, func() {
 		conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", name)
-		conn.Close()
+		discard()
 	}, nil
 }
 

@@ -168,3 +168,48 @@ func TestLockOutlivesTheIdleTimeout(t *testing.T) {
 		t.Fatalf("a second Lock: %v, want ErrLocked", err)
 	}
 }
+
+// The connection that held a named lock (its idle timeout raised for the
+// run) never goes back to the pool: a payment on it would keep its row
+// locks for a day if its client froze, not for the pool's idle timeout. A
+// pool of one connection shows it, after a release and after ErrLocked.
+func TestLockLeavesThePoolsIdleTimeout(t *testing.T) {
+	t.Parallel()
+	dsn, plain := testenv.MySQL(t)
+	ctx := context.Background()
+	db, err := sqlx.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	var before int
+	if err := db.Get(&before, "SELECT @@session.wait_timeout"); err != nil {
+		t.Fatal(err)
+	}
+	name := "paysvc.test." + testenv.Name(t)
+	_, release, err := sqldb.Lock(ctx, db, name, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	var after int
+	if err := db.Get(&after, "SELECT @@session.wait_timeout"); err != nil || after != before {
+		t.Fatalf("wait_timeout after a release: %d (%v), want the pool's %d", after, err, before)
+	}
+
+	holder, err := plain.Connx(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.ExecContext(ctx, "SELECT GET_LOCK(?, 0)", name); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := sqldb.Lock(ctx, db, name, 0); !errors.Is(err, sqldb.ErrLocked) {
+		t.Fatalf("Lock while held elsewhere: %v, want ErrLocked", err)
+	}
+	if err := db.Get(&after, "SELECT @@session.wait_timeout"); err != nil || after != before {
+		t.Fatalf("wait_timeout after ErrLocked: %d (%v), want the pool's %d", after, err, before)
+	}
+}
