@@ -142,21 +142,27 @@ func (c *coalescer) run() {
 }
 
 // ledger is the coalescer's state: every delivery tag up to floor is
-// settled on the broker; above it, settled says which tags are settled
-// (true) or acked here and not yet written (false, with the time in held).
+// settled on the broker; above it, done holds the tags settled on the
+// broker as runs, and held the tags acked here and not yet written, with
+// the time of their ack. A delivery held long in a worker (an outage, an
+// alarm) stops the floor while thousands of others are settled after it:
+// as runs, they take room for the gaps between them (at most the channel's
+// prefetch), not for each tag.
 type ledger struct {
-	floor   uint64
-	settled map[uint64]bool
-	held    map[uint64]time.Time
+	floor uint64
+	done  []span // sorted, disjoint, never adjacent
+	held  map[uint64]time.Time
 }
+
+// span is the delivery tags lo to hi, both included.
+type span struct{ lo, hi uint64 }
 
 // add records s; a nack or reject is written at once.
 func (l *ledger) add(ch amqp.Acknowledger, s settlement) {
-	if l.settled == nil {
-		l.settled, l.held = map[uint64]bool{}, map[uint64]time.Time{}
+	if l.held == nil {
+		l.held = map[uint64]time.Time{}
 	}
 	if s.ack {
-		l.settled[s.tag] = false
 		l.held[s.tag] = time.Now()
 		return
 	}
@@ -166,8 +172,41 @@ func (l *ledger) add(ch amqp.Acknowledger, s settlement) {
 	} else {
 		err = ch.Nack(s.tag, false, s.requeue)
 	}
-	l.settled[s.tag] = true
+	l.settle(s.tag)
 	s.err <- err
+}
+
+// settle records tag as settled on the broker.
+func (l *ledger) settle(tag uint64) {
+	if tag <= l.floor {
+		return
+	}
+	// The first run that ends at or after tag.
+	i, _ := slices.BinarySearchFunc(l.done, tag, func(s span, t uint64) int {
+		switch {
+		case s.hi < t:
+			return -1
+		case s.lo > t:
+			return 1
+		}
+		return 0
+	})
+	if i < len(l.done) && l.done[i].lo <= tag {
+		return // already in it
+	}
+	left := i > 0 && l.done[i-1].hi+1 == tag
+	right := i < len(l.done) && l.done[i].lo == tag+1
+	switch {
+	case left && right:
+		l.done[i-1].hi = l.done[i].hi
+		l.done = slices.Delete(l.done, i, i+1)
+	case left:
+		l.done[i-1].hi = tag
+	case right:
+		l.done[i].lo = tag
+	default:
+		l.done = slices.Insert(l.done, i, span{tag, tag})
+	}
 }
 
 // flush advances the floor over settled tags, acking the held ones passed
@@ -176,16 +215,18 @@ func (l *ledger) add(ch amqp.Acknowledger, s settlement) {
 func (l *ledger) flush(ch amqp.Acknowledger, final bool) {
 	var last uint64 // the highest held ack the floor passed
 	for {
-		sent, ok := l.settled[l.floor+1]
-		if !ok {
-			break
+		next := l.floor + 1
+		if _, ok := l.held[next]; ok {
+			l.floor, last = next, next
+			delete(l.held, next)
+			continue
 		}
-		l.floor++
-		if !sent {
-			last = l.floor
+		if len(l.done) > 0 && l.done[0].lo == next {
+			l.floor = l.done[0].hi
+			l.done = l.done[1:]
+			continue
 		}
-		delete(l.settled, l.floor)
-		delete(l.held, l.floor)
+		break
 	}
 	if last > 0 {
 		ch.Ack(last, true) // an error is a closed channel: redelivered, then duplicates
@@ -200,7 +241,7 @@ func (l *ledger) flush(ch amqp.Acknowledger, final bool) {
 	slices.Sort(due)
 	for _, tag := range due {
 		ch.Ack(tag, false)
-		l.settled[tag] = true
+		l.settle(tag)
 		delete(l.held, tag)
 	}
 }

@@ -185,3 +185,81 @@ func TestStopIntakeCancelsBeforeReleasing(t *testing.T) {
 		t.Fatalf("teardown order %v, want the cancel before the release", order)
 	}
 }
+
+// countAcks counts the frames of a channel whose deliveries are all
+// outstanding (no check: the ledger's size is what is measured).
+type countAcks struct{ single, multiple int }
+
+func (c *countAcks) Ack(tag uint64, multiple bool) error {
+	if multiple {
+		c.multiple++
+	} else {
+		c.single++
+	}
+	return nil
+}
+func (c *countAcks) Nack(uint64, bool, bool) error { return nil }
+func (c *countAcks) Reject(uint64, bool) error     { return nil }
+
+// One delivery held in a worker (an outage, an alarm) stops the floor
+// while the channel settles many more after it: the ledger keeps them as
+// runs, not one entry each (at thousands of payments a second, a held
+// delivery's half hour is millions of tags). When it is settled the floor
+// passes them all with one multiple ack.
+func TestLedgerStaysSmallBehindAHeldDelivery(t *testing.T) {
+	var l ledger
+	ch := &countAcks{}
+	const n = 200_000
+	for tag := uint64(2); tag <= n; tag++ {
+		// A nack now and then.
+		s := settlement{tag: tag, ack: true}
+		if tag%1000 == 0 {
+			s = settlement{tag: tag, requeue: true, err: make(chan error, 1)}
+		}
+		l.add(ch, s)
+		if tag%64 == 0 {
+			l.flush(ch, true)
+		}
+	}
+	l.flush(ch, true)
+	if l.floor != 0 || len(l.held) != 0 || len(l.done) != 1 || l.done[0] != (span{2, n}) {
+		t.Fatalf("behind held tag 1: floor %d, %d held, runs %v; want floor 0, nothing held, one run 2-%d",
+			l.floor, len(l.held), l.done[:min(len(l.done), 4)], n)
+	}
+	l.add(ch, settlement{tag: 1, ack: true})
+	l.flush(ch, false)
+	if l.floor != n || len(l.done) != 0 || ch.multiple != 1 {
+		t.Fatalf("after tag 1: floor %d, runs %v, %d multiple acks; want floor %d, no runs, one multiple ack",
+			l.floor, l.done, ch.multiple, n)
+	}
+}
+
+// settle keeps its runs sorted, disjoint and never adjacent, whatever the
+// order of the tags.
+func TestLedgerRunsWhateverTheOrder(t *testing.T) {
+	for seed := range uint64(50) {
+		r := rand.New(rand.NewPCG(seed, 1))
+		var l ledger
+		tags := r.Perm(300)
+		want := map[uint64]bool{}
+		for _, i := range tags[:200] {
+			tag := uint64(i) + 1
+			l.settle(tag)
+			want[tag] = true
+		}
+		for i, s := range l.done {
+			if s.lo > s.hi || i > 0 && l.done[i-1].hi+1 >= s.lo {
+				t.Fatalf("seed %d: runs %v not sorted, disjoint and apart", seed, l.done)
+			}
+		}
+		got := map[uint64]bool{}
+		for _, s := range l.done {
+			for tag := s.lo; tag <= s.hi; tag++ {
+				got[tag] = true
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("seed %d: runs hold %d tags, want the %d settled", seed, len(got), len(want))
+		}
+	}
+}
