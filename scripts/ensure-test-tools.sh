@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Test tools beyond the servers, installed when missing, fast when present:
+#   gcc       a C compiler: go test -race (make test's TESTFLAGS) needs cgo,
+#             which Go turns off when it finds no C compiler;
 #   chromium  Debian's headless Chromium, for the admin page's browser test;
 #   promtool  from Debian's prometheus package, for the alert rules' unit
 #             tests. Only the promtool binary is taken (into
@@ -10,6 +12,17 @@ cd "$(dirname "$0")/.."
 SUDO=
 if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then
 	SUDO=sudo
+fi
+
+if command -v "$(go env CC 2>/dev/null || echo gcc)" >/dev/null 2>&1; then
+	echo "C compiler (for -race): present"
+else
+	[ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ] || { echo "ERROR: no C compiler for go test -race, and this is not root (no sudo)" >&2; exit 1; }
+	echo "C compiler (for -race): installing Debian's gcc"
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null
+	command -v gcc >/dev/null 2>&1 || { echo "ERROR: gcc did not install" >&2; exit 1; }
+	echo "C compiler (for -race): installed"
 fi
 
 if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then
