@@ -44,8 +44,10 @@ LABEL org.opencontainers.image.title="paysvc" \
 
 COPY --from=build /out/paysvc /paysvc
 # Default configuration; every setting can be overridden by PAYSVC_*
-# environment variables, or replace the file with a bind mount.
-COPY config.yaml /etc/paysvc/config.yaml
+# environment variables, or replace the file with a bind mount. Readable by
+# uid 65532 whatever mode the checkout gave it (a umask of 077 makes it
+# 0600, root's: every container would stop at start-up).
+COPY --chmod=0444 config.yaml /etc/paysvc/config.yaml
 
 # Numeric, so that Kubernetes' runAsNonRoot can verify it without reading
 # /etc/passwd (65532 is distroless' nonroot).

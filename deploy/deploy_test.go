@@ -196,6 +196,15 @@ func TestKubernetesManifests(t *testing.T) {
 	if get(pod, "topologySpreadConstraints", 0, "topologyKey") != "kubernetes.io/hostname" {
 		t.Errorf("want replicas spread across nodes: %v", get(pod, "topologySpreadConstraints"))
 	}
+	// A hard spread counts, by default, nodes the pod cannot use (tainted,
+	// cordoned) as empty ones: with two workers and a tainted control
+	// plane the third replica would stay Pending.
+	spread, _ := get(pod, "topologySpreadConstraints").([]any)
+	for _, c := range spread {
+		if get(c, "whenUnsatisfiable") == "DoNotSchedule" && get(c, "nodeTaintsPolicy") != "Honor" {
+			t.Errorf("spread over %v: DoNotSchedule without nodeTaintsPolicy: Honor", get(c, "topologyKey"))
+		}
+	}
 	init := get(pod, "initContainers", 0)
 	if get(init, "args", 0) != "migrate" || get(init, "env", 0, "value") != "/run/secrets/paysvc/migrate_dsn" {
 		t.Errorf("want an init container running migrate with the migration user: %v", init)
@@ -408,6 +417,13 @@ func TestDockerfileBuildsTheSameBinary(t *testing.T) {
 	if !regexp.MustCompile(`\nUSER 65532:65532\n`).MatchString(df) {
 		t.Error("the runtime stage must run as 65532:65532, numerically (runAsNonRoot checks it without /etc/passwd)")
 	}
+	// Copied files keep the checkout's mode: under a umask of 077 root's
+	// 0600, which the runtime user cannot read.
+	for _, m := range regexp.MustCompile(`(?m)^COPY (.*)$`).FindAllStringSubmatch(df, -1) {
+		if !strings.Contains(m[1], "--from=") && strings.Contains(m[1], "/etc/paysvc") && !strings.Contains(m[1], "--chmod=0444") {
+			t.Errorf("COPY %s: the runtime user must be able to read it whatever the checkout's mode (--chmod=0444)", m[1])
+		}
+	}
 	if !regexp.MustCompile(`HEALTHCHECK [^\n]*\\\n\s*CMD \["/paysvc", "healthcheck"`).MatchString(df) {
 		t.Error("want a HEALTHCHECK that runs paysvc healthcheck (distroless has no shell or curl)")
 	}
@@ -502,6 +518,18 @@ func TestComposeCluster(t *testing.T) {
 			}
 		}
 	}
+	// The image's CMD reads its config file; a command that replaces it
+	// must name the file too, or the daemon runs on the defaults and
+	// ignores the image's (or a mounted) config.yaml without a word.
+	for _, s := range []string{"paysvc-1", "paysvc-2", "paysvc-3", "migrate"} {
+		cmd := fmt.Sprint(get(services[s], "command"))
+		if !strings.Contains(cmd, "--config /etc/paysvc/config.yaml") {
+			t.Errorf("%s: command %s drops the image's --config /etc/paysvc/config.yaml", s, cmd)
+		}
+	}
+	if get(services["migrate"], "build", "args", "VERSION") == nil || get(services["migrate"], "build", "args", "REVISION") == nil {
+		t.Errorf("migrate's build does not stamp VERSION and REVISION: %v", get(services["migrate"], "build"))
+	}
 	raw, _ := os.ReadFile("compose.cluster.yaml")
 	for _, line := range strings.Split(string(raw), "\n") {
 		if strings.HasPrefix(strings.TrimSpace(line), "#") {
@@ -510,6 +538,42 @@ func TestComposeCluster(t *testing.T) {
 		key := regexp.MustCompile(`^\s*[A-Za-z_]*(PASSWORD|PASS|password|COOKIE)\s*:\s*(\S+)`).FindStringSubmatch(line)
 		if key != nil && !strings.HasPrefix(key[2], "${") || inlineSecret.MatchString(line) {
 			t.Errorf("compose.cluster.yaml holds a literal secret: %s", strings.TrimSpace(line))
+		}
+	}
+}
+
+// The variables Compose reads (interpolations, secrets sourced from the
+// environment, deploy/images.env.example) sit in an operator's shell or
+// deploy/.env: a PAYSVC_ one must be a name paysvc knows, or every paysvc
+// command run from that shell stops at start-up refusing it.
+func TestComposeVariablesArePaysvcKeysOrNotPaysvcs(t *testing.T) {
+	known := knownEnv(t)
+	interpolation := regexp.MustCompile(`\$\{(PAYSVC_[A-Z0-9_]+)`)
+	envLine := regexp.MustCompile(`(?m)^\s*(?:#\s*)?(PAYSVC_[A-Z0-9_]+)=`)
+	for _, f := range []string{"compose.yaml", "compose.cluster.yaml", "images.env.example"} {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, m := range interpolation.FindAllStringSubmatch(string(raw), -1) {
+			names = append(names, m[1])
+		}
+		for _, m := range envLine.FindAllStringSubmatch(string(raw), -1) {
+			names = append(names, m[1])
+		}
+		if strings.HasPrefix(f, "compose") {
+			secrets, _ := docs(t, f)[0]["secrets"].(map[string]any)
+			for _, sec := range secrets {
+				if name, _ := get(sec, "environment").(string); strings.HasPrefix(name, "PAYSVC_") {
+					names = append(names, name)
+				}
+			}
+		}
+		for _, name := range names {
+			if !known[name] {
+				t.Errorf("%s: %s is not a paysvc key, and paysvc refuses an unknown PAYSVC_ variable in its environment", f, name)
+			}
 		}
 	}
 }
