@@ -23,13 +23,14 @@ import (
 // in keys (config_keys.go): a field added here needs its line there.
 type Config struct {
 	AMQP struct {
-		URL           string
-		Prefetch      int
-		Workers       int
-		DrainTimeout  time.Duration
-		QueueType     string
-		DeliveryLimit int
-		CAFile        string
+		URL             string
+		Prefetch        int
+		Workers         int
+		DrainTimeout    time.Duration
+		QueueType       string
+		DeliveryLimit   int
+		ConsumerTimeout time.Duration
+		CAFile          string
 	}
 	MySQL struct {
 		DSN                    string

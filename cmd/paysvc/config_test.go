@@ -275,6 +275,7 @@ func envSamples(t *testing.T) map[string]struct {
 		"amqp.drainTimeout":            {"45s", 45 * time.Second, nil},
 		"amqp.queueType":               {"Classic", "classic", nil},
 		"amqp.deliveryLimit":           {"3", 3, nil},
+		"amqp.consumerTimeout":         {"2h", 2 * time.Hour, nil},
 		"amqp.caFile":                  {ca, ca, map[string]string{"PAYSVC_AMQP_URL": "amqps://guest:guest@127.0.0.1:5671/"}},
 		"mysql.dsn":                    {"paysvc:pw@tcp(db:3306)/pay", "paysvc:pw@tcp(db:3306)/pay", nil},
 		"mysql.maxOpenConns":           {"30", 30, nil},

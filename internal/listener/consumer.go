@@ -33,19 +33,24 @@ const (
 
 // Config is what the consumer needs to know.
 type Config struct {
-	URL            string        // amqp:// or amqps://, with the vhost
-	TLS            *tls.Config   // for amqps://; nil: the system roots
-	ConnectionName string        // shown in the broker's connection list
-	Prefetch       int           // unacked messages the broker may send ahead
-	Workers        int           // goroutines handling deliveries
-	Retry          RetryPolicy   // wait queues and the attempt budget
-	MainQueueType  string        // classic or quorum
-	DeliveryLimit  int           // quorum main queue: deliveries before the terminal queue
-	RedisFallback  Fallback      // CLOSED or OPEN
-	HandleTimeout  time.Duration // bound on one message's handling
-	DrainTimeout   time.Duration // bound on finishing in-flight messages at shutdown
-	PublishTimeout time.Duration // bound on one retry/terminal publish and its confirm
-	MaxBackoff     time.Duration // cap on reconnect and dependency-wait backoff
+	URL            string      // amqp:// or amqps://, with the vhost
+	TLS            *tls.Config // for amqps://; nil: the system roots
+	ConnectionName string      // shown in the broker's connection list
+	Prefetch       int         // unacked messages the broker may send ahead
+	Workers        int         // goroutines handling deliveries
+	Retry          RetryPolicy // wait queues and the attempt budget
+	MainQueueType  string      // classic or quorum
+	DeliveryLimit  int         // quorum main queue: deliveries before the terminal queue
+	// ConsumerTimeout, if not 0, is the consume's x-consumer-timeout: how
+	// long the broker (quorum queues, 3.12+) lets a delivery stay unacked
+	// before it takes it back, a delivery count each. Longer than any
+	// outage the consumer holds messages through.
+	ConsumerTimeout time.Duration
+	RedisFallback   Fallback      // CLOSED or OPEN
+	HandleTimeout   time.Duration // bound on one message's handling
+	DrainTimeout    time.Duration // bound on finishing in-flight messages at shutdown
+	PublishTimeout  time.Duration // bound on one retry/terminal publish and its confirm
+	MaxBackoff      time.Duration // cap on reconnect and dependency-wait backoff
 
 	Metrics *metrics.Metrics // nil: an unregistered set
 	Events  *trace.Recorder  // nil: outcomes are only logged

@@ -17,6 +17,7 @@ import (
 	"github.com/paysvc/paysvc/internal/logging"
 	"github.com/paysvc/paysvc/internal/money"
 	"github.com/paysvc/paysvc/internal/order"
+	"github.com/paysvc/paysvc/internal/sandbox"
 	"github.com/paysvc/paysvc/internal/testenv"
 )
 
@@ -47,6 +48,31 @@ func TestAppliesOnceAndAcksDuplicates(t *testing.T) {
 	}
 	if n := e.depth(listener.MainQueue); n != 0 {
 		t.Fatalf("%d messages left in the main queue", n)
+	}
+}
+
+// The consumer asks the broker for its own delivery timeout
+// (x-consumer-timeout): on RabbitMQ 3.12+ it replaces the server's
+// consumer_timeout (30 min by default), past which a delivery held through
+// an outage is taken back with a delivery count, the channel closed.
+// RabbitMQ 3.10 lists the argument and ignores it.
+func TestConsumerAsksForItsDeliveryTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare()
+	c := e.start(e.redisAddr, e.dsn, func(c *setup) { c.ConsumerTimeout = 90 * time.Minute })
+	defer c.stop()
+	u, err := url.Parse(e.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed string
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		listed, err = sandbox.RabbitmqCtlOutput("list_consumers", "-p", strings.TrimPrefix(u.Path, "/"), "queue_name", "arguments")
+		return err == nil && strings.Contains(listed, listener.MainQueue)
+	}, "the consumer was never listed")
+	if !strings.Contains(listed, "x-consumer-timeout") || !strings.Contains(listed, "5400000") {
+		t.Fatalf("consumers listed as %q, want x-consumer-timeout 5400000 (90 min) on %s", listed, listener.MainQueue)
 	}
 }
 

@@ -132,6 +132,9 @@ func (e *env) start(redisAddr, dsn string, opts ...option) *consumer {
 			PublishTimeout: 5 * time.Second,
 			MaxBackoff:     500 * time.Millisecond,
 			Metrics:        e.metrics,
+			// As paysvc runs by default: RabbitMQ 3.10 takes the
+			// argument and ignores it.
+			ConsumerTimeout: 24 * time.Hour,
 		},
 		GroupSize:  16, // as paysvc runs by default
 		GroupConns: 2,

@@ -80,10 +80,14 @@ func (c *Consumer) session(ctx context.Context) error {
 		return fmt.Errorf("amqp qos: %w", err)
 	}
 	tag := fmt.Sprintf("paysvc-%s-%d-%d", host, os.Getpid(), time.Now().UnixNano())
+	var consumeArgs amqp.Table
+	if c.cfg.ConsumerTimeout > 0 {
+		consumeArgs = amqp.Table{"x-consumer-timeout": c.cfg.ConsumerTimeout.Milliseconds()}
+	}
 	deliveries, err := ch.Consume(MainQueue, tag,
 		false, // autoAck: ack only after the outcome is durable
 		false, // exclusive: competing consumers share the queue
-		false, false, nil)
+		false, false, consumeArgs)
 	if err != nil {
 		return fmt.Errorf("amqp consume: %w", err)
 	}
