@@ -75,10 +75,12 @@ func New() *Metrics {
 			Name: "paysvc_errors_total", Help: "Failed handlings, by error class."}, []string{"class"}),
 		Duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "paysvc_handle_duration_seconds", Help: "Time from delivery to broker action.",
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}),
+			// Up to the handling bound (idempotent.lease/2, 30 s by
+			// default) and past it: a message held through an outage.
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}}),
 		GroupSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "paysvc_pay_group_size", Help: "Payments per database transaction (mysql.groupSize caps it).",
-			Buckets: []float64{1, 2, 4, 6, 8, 10, 15, 20, 30, 50}}),
+			Buckets: []float64{1, 2, 4, 6, 8, 10, 15, 20, 30, 50, 75, 100}}), // mysql.groupSize: 100 at most
 		TxRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paysvc_tx_retries_total",
 			Help: "Payment transactions (single or grouped) run again after a deadlock or a lost connection."}),
