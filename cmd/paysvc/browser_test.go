@@ -426,13 +426,13 @@ func TestAdminActsOnlyOnTheRowItsPageShowed(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (62, 1.00)")
-	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('SE1', 62, 5.00), ('SE2', 62, 6.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('SE1', 62, 5.00), ('SE2', 62, 6.00), ('SE3', 62, 7.00)")
 	addr, _ := w.daemonInProcess("PAYSVC_RETRY_MAXATTEMPTS=0")
 	base := "http://" + addr
-	testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("SE1", 62, "5.00"), payment("SE2", 62, "6.00"))
+	testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("SE1", 62, "5.00"), payment("SE2", 62, "6.00"), payment("SE3", 62, "7.00"))
 	testenv.Eventually(t, 30*time.Second, func() bool {
-		return w.count("SELECT COUNT(*) FROM t_dead_letter WHERE status = 'NEW'") == 2
-	}, "the two payments were not parked")
+		return w.count("SELECT COUNT(*) FROM t_dead_letter WHERE status = 'NEW'") == 3
+	}, "the three payments were not parked")
 	w.db.MustExec("UPDATE t_account SET balance = 100.00 WHERE user_id = 62")
 	id := func(order string) string {
 		var id string
@@ -501,8 +501,22 @@ func TestAdminActsOnlyOnTheRowItsPageShowed(t *testing.T) {
 		t.Fatalf("a bulk confirmation without seen: %d, want 400", code)
 	}
 
-	if n := w.count("SELECT COUNT(*) FROM t_dead_letter WHERE status = 'DISCARDED'"); n != 2 {
-		t.Fatalf("%d rows DISCARDED, want both kept", n)
+	// Ticked on the list while NEW, discarded by Bob before Alice's dry
+	// run: the dry run leaves it out and its confirmation cannot name it.
+	three := id("SE3")
+	_, _, list := do(adminToken, "GET", "/dlq", "")
+	if !strings.Contains(list, `name="id" value="`+three+`"`) {
+		t.Fatalf("the list offers no checkbox for NEW row %s", three)
+	}
+	_, _, page = do(bobToken, "GET", "/dlq/"+three, "")
+	do(bobToken, "POST", "/dlq/"+three+"/discard", "reason=cancelled&seen="+seenOn(page)[1])
+	_, _, dry = do(adminToken, "POST", "/dlq/bulk", "action=replay&id="+three)
+	if seenOn(dry) != nil || strings.Contains(dry, `name="id" value="`+three+`"`) || !strings.Contains(dry, "is DISCARDED now: left out") {
+		t.Fatalf("a dry run of a row discarded since the list was shown offers to replay it: %s", dry)
+	}
+
+	if n := w.count("SELECT COUNT(*) FROM t_dead_letter WHERE status = 'DISCARDED'"); n != 3 {
+		t.Fatalf("%d rows DISCARDED, want all three kept", n)
 	}
 	if n := w.count("SELECT COUNT(*) FROM t_dead_letter_event WHERE event = 'REPLAYED'"); n != 0 {
 		t.Fatalf("%d replays recorded", n)

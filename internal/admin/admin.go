@@ -16,6 +16,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -129,11 +130,24 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 	s.render(w, "login.html", map[string]any{"Next": safeNext(r.URL.Query().Get("next")), "Error": r.URL.Query().Get("error")})
 }
 
+// safeNext is where a sign-in may send the browser: a path of this site
+// under /dlq, as the browser will read it, or /dlq. A prefix check alone
+// let "/dlq/../\evil.example" through: http.Redirect cleans it to
+// "/\evil.example", which browsers follow to another host.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/dlq") {
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" ||
+		strings.ContainsRune(next, '\\') || !strings.HasPrefix(next, "/") {
 		return "/dlq"
 	}
-	return next
+	clean := path.Clean(u.Path)
+	if clean != "/dlq" && !strings.HasPrefix(clean, "/dlq/") {
+		return "/dlq"
+	}
+	if u.RawQuery != "" {
+		return clean + "?" + u.RawQuery
+	}
+	return clean
 }
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
@@ -353,9 +367,13 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var rows []deadletter.DeadLetter
-	var ids []string
+	var ids, skipped []string
 	// A class selects its NEW rows for the dry run; the confirmation names
 	// the rows the dry run showed, so rows parked since are not swept in.
+	// Rows ticked on the list (NEW when it was shown) that are not NEW any
+	// more (another operator discarded or replayed them since) are left
+	// out, and the page says so: a bulk action is for NEW rows, and a
+	// discarded one is replayed only on its own page, by intent.
 	if class != "" && len(r.Form["id"]) == 0 {
 		var err error
 		if rows, err = s.Store.List(r.Context(), deadletter.Filter{Class: class, Status: deadletter.New, Limit: maxBulk}); err != nil {
@@ -374,6 +392,10 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 				http.Error(w, fmt.Sprintf("dead letter %d: %v", id, err), http.StatusNotFound)
 				return
 			}
+			if d.Status != deadletter.New && r.FormValue("confirm") == "" { // a confirmation checks its rows as seen, below
+				skipped = append(skipped, fmt.Sprintf("dead letter %d (%s) is %s now: left out", d.ID, d.Order(), d.Status))
+				continue
+			}
 			rows = append(rows, d)
 		}
 	}
@@ -382,7 +404,8 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 		ids = append(ids, strconv.FormatInt(d.ID, 10))
 		seenRows = append(seenRows, strconv.FormatInt(d.ID, 10)+":"+seen(d))
 	}
-	data := map[string]any{"Action": action, "Class": class, "IDs": ids, "Seen": seenRows, "Reason": reason, "Operator": operator(r)}
+	data := map[string]any{"Action": action, "Class": class, "IDs": ids, "Seen": seenRows, "Reason": reason, "Operator": operator(r),
+		"Skipped": skipped}
 	type line struct {
 		ID      int64
 		OrderNo string

@@ -74,3 +74,45 @@ func TestRotatingATokenEndsItsSessions(t *testing.T) {
 		t.Fatalf("a session opened with the new token: %d, want 200", code)
 	}
 }
+
+// A sign-in sends the browser back only to a page of the admin under /dlq,
+// as the browser will read the Location: never to another host, however
+// the next parameter is spelled.
+func TestSignInRedirectsOnlyUnderDLQ(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	ops, err := admin.ParseOperators("alice:alice-token-0123456789")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	(&admin.Server{Operators: ops, Sessions: &admin.Sessions{DB: db, TTL: time.Hour}, Log: zap.NewNop()}).Register(mux)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for next, want := range map[string]string{
+		"/dlq/42":                "/dlq/42",
+		"/dlq?class=timeout":     "/dlq?class=timeout",
+		"/dlq/../\\evil.example": "/dlq",
+		"/dlq/../../evil":        "/dlq",
+		"/dlq/%2e%2e/x":          "/dlq",
+		"/dlqx":                  "/dlq",
+		"//evil.example/dlq":     "/dlq",
+		"https://evil.example":   "/dlq",
+		"/dlq\\@evil.example":    "/dlq",
+	} {
+		resp, err := client.PostForm(srv.URL+"/login", url.Values{"token": {"alice-token-0123456789"}, "next": {next}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		loc := resp.Header.Get("Location")
+		target, err := url.Parse(srv.URL + "/login")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resolved, err := target.Parse(strings.ReplaceAll(loc, "\\", "/")); err != nil || resolved.Host != target.Host || loc != want {
+			t.Errorf("next=%q: Location %q, want %q on this host", next, loc, want)
+		}
+	}
+}

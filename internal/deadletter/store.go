@@ -49,6 +49,9 @@ var (
 	ErrNotFound = errors.New("dead letter not found")
 	// ErrWrongStatus: the operation does not apply in the row's status.
 	ErrWrongStatus = errors.New("dead letter status does not allow this")
+	// ErrBadInput: an operator name or reason the audit columns cannot
+	// hold (longer than they are, or not UTF-8).
+	ErrBadInput = errors.New("not a valid operator or reason")
 )
 
 // Parked is a terminal message as it arrives.
@@ -411,12 +414,38 @@ func (s *Store) RecordFailure(ctx context.Context, id int64, operator, reason, r
 	return addEvent(ctx, s.db, id, EventReplayFailed, operator, reason, result, "", 0)
 }
 
+// Audit columns' sizes (t_dead_letter, t_dead_letter_event), in characters.
+const (
+	maxOperator = 64
+	maxReason   = 255
+)
+
+// CheckAudit refuses an operator name or a reason the audit columns cannot
+// hold: too long, or not UTF-8. Callers check before they act; the store
+// checks again before any publish.
+func CheckAudit(operator, reason string) error {
+	switch {
+	case !utf8.ValidString(operator) || !utf8.ValidString(reason):
+		return fmt.Errorf("%w: not UTF-8", ErrBadInput)
+	case utf8.RuneCountInString(operator) > maxOperator:
+		return fmt.Errorf("%w: the operator name has %d characters, at most %d", ErrBadInput, utf8.RuneCountInString(operator), maxOperator)
+	case utf8.RuneCountInString(reason) > maxReason:
+		return fmt.Errorf("%w: the reason has %d characters, at most %d", ErrBadInput, utf8.RuneCountInString(reason), maxReason)
+	}
+	return nil
+}
+
 // transition moves dead letter id to status to, with an audit event, in
 // one transaction that holds the row from allowed's check of its status
-// and parked count to the update; during, if not nil, runs in between (a
-// replay's publish) and its error rolls everything back.
+// and parked count to the commit; during, if not nil, runs after the
+// update and the event are written (a replay's publish: a row the
+// database refuses to mark is never published) and its error rolls
+// everything back.
 func (s *Store) transition(ctx context.Context, id int64, to Status, allowed func(st Status, parked int) error,
 	during func(context.Context) error, event, operator, reason, result string) error {
+	if err := CheckAudit(operator, reason); err != nil {
+		return err
+	}
 	return sqldb.InTx(ctx, s.db, func(tx *sqldb.Tx) error {
 		var row struct {
 			Status      Status `db:"status"`
@@ -432,16 +461,17 @@ func (s *Store) transition(ctx context.Context, id int64, to Status, allowed fun
 		if err := allowed(row.Status, row.ParkedCount); err != nil {
 			return err
 		}
-		if during != nil {
-			if err := during(ctx); err != nil {
-				return err
-			}
-		}
 		if _, err := tx.ExecContext(ctx, "UPDATE t_dead_letter SET status = ?, updated_by = ?, reason = ? WHERE id = ?",
 			to, operator, reason, id); err != nil {
 			return err
 		}
-		return addEvent(ctx, tx, id, event, operator, reason, result, "", 0)
+		if err := addEvent(ctx, tx, id, event, operator, reason, result, "", 0); err != nil {
+			return err
+		}
+		if during != nil {
+			return during(ctx)
+		}
+		return nil
 	})
 }
 

@@ -409,3 +409,53 @@ func TestMarkAlertedLeavesARowParkedAgain(t *testing.T) {
 		t.Fatalf("pending alerts %v, %v; want none once the new failure was alerted", left, err)
 	}
 }
+
+// A replay publishes only what the database has already agreed to mark: a
+// reason or operator the audit columns cannot hold is refused before any
+// publish, and a mark the database refuses (here a trigger) publishes
+// nothing. A copy published and then never marked would be a charge with
+// no line in the row's history.
+func TestReplayMarksBeforeItPublishes(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	s := deadletter.NewStore(db)
+	ctx := context.Background()
+	published := 0
+	publish := func(context.Context) error { published++; return nil }
+	id, _, err := s.Park(ctx, parked("AUD1", time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	read, _, err := s.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ operator, reason string }{
+		{"alice", strings.Repeat("x", 256)},
+		{strings.Repeat("o", 65), "topped up"},
+		{"alice", "caf\xe9 latin-1"},
+	} {
+		if err := s.Replay(ctx, read, c.operator, c.reason, "published", publish); !errors.Is(err, deadletter.ErrBadInput) {
+			t.Fatalf("replay by %.10q… for %.10q…: %v, want ErrBadInput", c.operator, c.reason, err)
+		}
+	}
+	if err := s.Replay(ctx, read, "alice", strings.Repeat("é", 255), "published", func(context.Context) error { return errors.New("stop here") }); err == nil || errors.Is(err, deadletter.ErrBadInput) {
+		t.Fatalf("a reason of 255 characters (510 bytes): %v, want it accepted up to the publish", err)
+	}
+
+	db.MustExec(`CREATE TRIGGER refuse_mark BEFORE UPDATE ON t_dead_letter FOR EACH ROW
+		SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'mark refused'`)
+	if err := s.Replay(ctx, read, "alice", "topped up", "published", publish); err == nil || !strings.Contains(err.Error(), "mark refused") {
+		t.Fatalf("replay whose mark the database refuses: %v, want its error", err)
+	}
+	if published != 0 {
+		t.Fatalf("%d copies published for marks that were never written", published)
+	}
+	db.MustExec("DROP TRIGGER refuse_mark")
+	if err := s.Replay(ctx, read, "alice", "topped up", "published", publish); err != nil || published != 1 {
+		t.Fatalf("replay once the mark is allowed: %v, %d published", err, published)
+	}
+	if d, events, _ := s.Get(ctx, id); d.Status != deadletter.Replayed || events[len(events)-1].Operator != "alice" {
+		t.Fatalf("row %s, last event %+v; want REPLAYED by alice", d.Status, events[len(events)-1])
+	}
+}

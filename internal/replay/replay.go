@@ -71,6 +71,9 @@ func (r *Replayer) Replay(ctx context.Context, rows []deadletter.DeadLetter, ope
 	if strings.TrimSpace(reason) == "" {
 		return nil, errors.New("replay: a reason is required")
 	}
+	if err := deadletter.CheckAudit(operator, reason); err != nil {
+		return nil, fmt.Errorf("replay: %w", err) // before any publish: the history could not record it
+	}
 	var out []Result
 	var last time.Time
 	for _, d := range rows {
@@ -138,7 +141,8 @@ func (r *Replayer) replayOne(ctx context.Context, d deadletter.DeadLetter, opera
 	case pubErr != nil:
 		r.Store.RecordFailure(context.WithoutCancel(ctx), d.ID, operator, reason, pubErr.Error())
 	case published && err != nil:
-		// The copy is on its way, and the mark's rollback took its event
+		// The copy is on its way, and the transaction's end (its COMMIT:
+		// the mark is written before the publish) failed, taking the event
 		// with it: the row's history must still say a copy went out.
 		err = fmt.Errorf("published to %s; marking it REPLAYED: %w", listener.MainQueue, err)
 		r.Store.RecordFailure(context.WithoutCancel(ctx), d.ID, operator, reason, err.Error())
