@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,31 +57,43 @@ func Sampled(log *zap.Logger, perSecond, thereafter int) *zap.Logger {
 }
 
 var (
-	libraries sync.Once
-	target    atomic.Pointer[zap.Logger]
+	target atomic.Pointer[zap.Logger]
+	// fallback receives the libraries' lines while no logger is routed
+	// (the CLI commands, a daemon before its logger is built): JSON on
+	// standard error, as paysvc's own lines.
+	fallback = sync.OnceValue(func() *zap.Logger {
+		log, _ := New(Config{Level: "warn", Format: "json"}, os.Stderr)
+		return log
+	})
 )
+
+// The libraries' loggers are process globals, which they read as they work
+// (go-sql-driver reads its own when it parses a DSN): they are set here,
+// before any goroutine runs, and never again. RouteLibraries only chooses
+// where their lines go.
+func init() {
+	redis.SetLogger(redisLogger{})
+	mysql.SetLogger(mysqlLogger{})
+	amqp.SetLogger(amqpLogger{})
+}
 
 // RouteLibraries sends what go-redis, go-sql-driver/mysql and amqp091-go
 // log on their own (dial failures, bad idle connections...) to log, at warn
-// level, with the library in the "lib" field. Their loggers are process
-// globals: they are set once, and the last logger given here receives.
-func RouteLibraries(log *zap.Logger) {
-	target.Store(log)
-	libraries.Do(func() {
-		redis.SetLogger(redisLogger{})
-		mysql.SetLogger(mysqlLogger{})
-		amqp.SetLogger(amqpLogger{})
-	})
-}
+// level, with the library in the "lib" field; the last logger given here
+// receives. Until then, and after Unroute, they go to standard error as
+// JSON lines.
+func RouteLibraries(log *zap.Logger) { target.Store(log) }
 
 // Unroute stops sending the libraries' lines to log, if it still receives
-// them (a daemon that stops hands them on to nobody).
+// them (a daemon that stops hands them back to standard error).
 func Unroute(log *zap.Logger) { target.CompareAndSwap(log, nil) }
 
 func library(lib, msg string) {
-	if log := target.Load(); log != nil {
-		log.Warn(strings.TrimSpace(msg), zap.String("lib", lib))
+	log := target.Load()
+	if log == nil {
+		log = fallback()
 	}
+	log.Warn(strings.TrimSpace(msg), zap.String("lib", lib))
 }
 
 type redisLogger struct{}
