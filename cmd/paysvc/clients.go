@@ -43,15 +43,18 @@ func (c *Config) amqpTLS() (*tls.Config, error) {
 // (redis.masterName) or Cluster (several addresses), with TLS if redis.tls.
 func (c *Config) redisOptions(poolSize int) (*redis.UniversalOptions, error) {
 	o := &redis.UniversalOptions{
-		Addrs:        c.RedisAddrs(),
-		MasterName:   c.Redis.MasterName,
-		Username:     c.Redis.Username,
-		Password:     c.Redis.Password,
-		DB:           c.Redis.DB,
-		DialTimeout:  2 * time.Second,
-		ReadTimeout:  time.Second,
-		WriteTimeout: time.Second,
-		PoolSize:     poolSize,
+		Addrs:      c.RedisAddrs(),
+		MasterName: c.Redis.MasterName,
+		Username:   c.Redis.Username,
+		Password:   c.Redis.Password,
+		// go-redis sends the sentinels these, never Username and Password.
+		SentinelUsername: c.Redis.SentinelUsername,
+		SentinelPassword: c.Redis.SentinelPassword,
+		DB:               c.Redis.DB,
+		DialTimeout:      2 * time.Second,
+		ReadTimeout:      time.Second,
+		WriteTimeout:     time.Second,
+		PoolSize:         poolSize,
 	}
 	if c.Redis.TLS {
 		t, err := tlsca.Config(c.Redis.CAFile)

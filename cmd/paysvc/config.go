@@ -47,8 +47,13 @@ type Config struct {
 		Password   string
 		DB         int
 		MasterName string
-		TLS        bool
-		CAFile     string
+		// The sentinels' own credentials (requirepass, an ACL user), which
+		// go-redis sends to the sentinels only; the data nodes get
+		// Username and Password.
+		SentinelUsername string
+		SentinelPassword string
+		TLS              bool
+		CAFile           string
 	}
 	Idempotent struct {
 		KeyPrefix     string

@@ -105,6 +105,12 @@ var keys = []key{
 	{name: "redis.masterName", def: "",
 		bind: func(c *Config) any { return &c.Redis.MasterName },
 		doc:  "Sentinel: the master's name (`redis.addr` lists the sentinels)"},
+	{name: "redis.sentinelUsername", def: "", // needs redis.masterName: validateAcross
+		bind: func(c *Config) any { return &c.Redis.SentinelUsername },
+		doc:  "Sentinel: the sentinels' ACL user, when they have one (`redis.username` is the data nodes')"},
+	{name: "redis.sentinelPassword", def: "", secret: true, // needs redis.masterName: validateAcross
+		bind: func(c *Config) any { return &c.Redis.SentinelPassword },
+		doc:  "Sentinel: the sentinels' password (their `requirepass`), when they have one (`redis.password` is the data nodes')"},
 	{name: "redis.tls", def: "false",
 		bind: func(c *Config) any { return &c.Redis.TLS },
 		doc:  "connect with TLS"},

@@ -289,6 +289,8 @@ func envSamples(t *testing.T) map[string]struct {
 		"redis.password":               {"pw", "pw", nil},
 		"redis.db":                     {"3", 3, nil},
 		"redis.masterName":             {"mymaster", "mymaster", nil},
+		"redis.sentinelUsername":       {"watcher", "watcher", map[string]string{"PAYSVC_REDIS_MASTERNAME": "mymaster"}},
+		"redis.sentinelPassword":       {"spw", "spw", map[string]string{"PAYSVC_REDIS_MASTERNAME": "mymaster"}},
 		"redis.tls":                    {"TRUE", true, nil},
 		"redis.caFile":                 {ca, ca, map[string]string{"PAYSVC_REDIS_TLS": "true"}},
 		"idempotent.keyPrefix":         {"p:", "p:", nil},
@@ -356,13 +358,14 @@ func TestConfigEnvRoundTrip(t *testing.T) {
 func TestConfigSecretsRedacted(t *testing.T) {
 	const sentinel = "SeNtInEl-0123456789abcdef"
 	secrets := map[string]string{ // key → a value holding the sentinel
-		"redis.password":     sentinel,
-		"admin.token":        sentinel,
-		"admin.operators":    "alice:" + sentinel,
-		"alert.webhookUrl":   "https://hooks.example/" + sentinel,
-		"trace.otlpEndpoint": "http://" + sentinel + "@otel:4318",
-		"amqp.url":           "amqp://u:" + sentinel + "@rabbit1:5672/pay,amqps://v:" + sentinel + "@rabbit2:5671/pay",
-		"mysql.dsn":          "paysvc:" + sentinel + "@tcp(db:3306)/pay",
+		"redis.password":         sentinel,
+		"redis.sentinelPassword": sentinel,
+		"admin.token":            sentinel,
+		"admin.operators":        "alice:" + sentinel,
+		"alert.webhookUrl":       "https://hooks.example/" + sentinel,
+		"trace.otlpEndpoint":     "http://" + sentinel + "@otel:4318",
+		"amqp.url":               "amqp://u:" + sentinel + "@rabbit1:5672/pay,amqps://v:" + sentinel + "@rabbit2:5671/pay",
+		"mysql.dsn":              "paysvc:" + sentinel + "@tcp(db:3306)/pay",
 	}
 	for _, k := range keys {
 		_, listed := secrets[k.name]
@@ -375,7 +378,11 @@ func TestConfigSecretsRedacted(t *testing.T) {
 		if !ok {
 			continue
 		}
-		c, err := loadConfig(filepath.Join(t.TempDir(), "absent.yaml"), false, map[string]string{envName(k.name): val})
+		env := map[string]string{envName(k.name): val}
+		if k.name == "redis.sentinelPassword" {
+			env["PAYSVC_REDIS_MASTERNAME"] = "mymaster" // it needs one
+		}
+		c, err := loadConfig(filepath.Join(t.TempDir(), "absent.yaml"), false, env)
 		if err != nil {
 			t.Fatalf("%s: %v", k.name, err)
 		}

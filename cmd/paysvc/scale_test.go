@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/testenv"
 )
@@ -90,6 +92,19 @@ func TestThreeInstancesCompetingConsumers(t *testing.T) {
 // sentinel started for the test watches the real Redis.
 func TestRedisSentinel(t *testing.T) {
 	t.Parallel()
+	testRedisSentinel(t, "")
+}
+
+// Sentinels that require a password of their own (requirepass) are given
+// redis.sentinelPassword; the data node is still reached with
+// redis.password (none here). go-redis sends the sentinels only their own
+// credentials: without them every master lookup failed with NOAUTH.
+func TestRedisSentinelWithAPassword(t *testing.T) {
+	t.Parallel()
+	testRedisSentinel(t, "sentinel-Pw-0f-test")
+}
+
+func testRedisSentinel(t *testing.T, password string) {
 	w := newWorld(t)
 	addr := freeAddr(t)
 	host, port, _ := net.SplitHostPort(addr)
@@ -98,6 +113,11 @@ func TestRedisSentinel(t *testing.T) {
 	dir := t.TempDir()
 	conf := fmt.Sprintf("port %s\nbind %s\nsentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %s 60000\n",
 		port, host, master, rhost, rport, master)
+	env := []string{"PAYSVC_REDIS_ADDR=" + addr, "PAYSVC_REDIS_MASTERNAME=" + master}
+	if password != "" {
+		conf += "requirepass " + password + "\n"
+		env = append(env, "PAYSVC_REDIS_SENTINELPASSWORD="+password)
+	}
 	os.WriteFile(filepath.Join(dir, "sentinel.conf"), []byte(conf), 0o644)
 	s := exec.Command("redis-server", filepath.Join(dir, "sentinel.conf"), "--sentinel")
 	if err := s.Start(); err != nil {
@@ -105,10 +125,17 @@ func TestRedisSentinel(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Process.Kill(); s.Wait() })
 	waitPort(t, addr)
+	if password != "" { // the premise: the sentinel refuses a client without it
+		probe := redis.NewSentinelClient(&redis.Options{Addr: addr})
+		defer probe.Close()
+		if _, err := probe.GetMasterAddrByName(context.Background(), master).Result(); err == nil || !strings.Contains(err.Error(), "NOAUTH") {
+			t.Fatalf("a sentinel with requirepass answered a client without a password: %v", err)
+		}
+	}
 
 	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (84, 10.00)")
 	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('SEN1', 84, 1.00)")
-	w.daemonInProcess("PAYSVC_REDIS_ADDR="+addr, "PAYSVC_REDIS_MASTERNAME="+master)
+	w.daemonInProcess(env...)
 	testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("SEN1", 84, "1.00"))
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		return w.count("SELECT COUNT(*) FROM t_order WHERE order_no = 'SEN1' AND status = 'PAID'") == 1

@@ -47,6 +47,12 @@ func (c *Config) validateAcross(reporter func(name string) badFunc) {
 	if c.MySQL.GroupConns < 1 || c.MySQL.GroupConns > c.MySQL.MaxOpenConns {
 		reporter("mysql.groupConns")("want 1 to mysql.maxOpenConns (%d), got %d", c.MySQL.MaxOpenConns, c.MySQL.GroupConns)
 	}
+	if c.Redis.MasterName == "" && c.Redis.SentinelUsername != "" {
+		reporter("redis.sentinelUsername")("is for the sentinels: set redis.masterName too")
+	}
+	if c.Redis.MasterName == "" && c.Redis.SentinelPassword != "" {
+		reporter("redis.sentinelPassword")("is for the sentinels: set redis.masterName too")
+	}
 	if c.Redis.CAFile != "" && !c.Redis.TLS {
 		reporter("redis.caFile")("set redis.tls: true too")
 	}
