@@ -342,6 +342,9 @@ var ErrLocked = errors.New("the named lock is held elsewhere")
 // lock: longer than any run that holds one.
 const lockIdleTimeout = 24 * time.Hour
 
+// lockReleaseTimeout bounds a named lock's release.
+const lockReleaseTimeout = 5 * time.Second
+
 // Lock takes the named lock name (GET_LOCK) on a connection of its own,
 // waiting up to wait (ErrLocked after it), and returns that connection and
 // the lock's release, which also returns the connection. The connection's
@@ -373,7 +376,12 @@ func Lock(ctx context.Context, db *sqlx.DB, name string, wait time.Duration) (*s
 		return nil, nil, err
 	}
 	return conn, func() {
-		conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", name)
+		// Bounded: a server that stopped answering would hold the caller
+		// (a daemon's shutdown) for the network's own timeouts. Closing
+		// the connection, next, frees the lock on the server anyway.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lockReleaseTimeout)
+		defer cancel()
+		conn.ExecContext(rctx, "SELECT RELEASE_LOCK(?)", name)
 		discard()
 	}, nil
 }

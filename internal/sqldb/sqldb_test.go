@@ -213,3 +213,30 @@ func TestLockLeavesThePoolsIdleTimeout(t *testing.T) {
 		t.Fatalf("wait_timeout after ErrLocked: %d (%v), want the pool's %d", after, err, before)
 	}
 }
+
+// A named lock's release returns within its bound when the server stops
+// answering (here every byte to it black-holed): a daemon's shutdown after
+// a reconcile run does not wait for the network's own timeouts.
+func TestLockReleaseIsBounded(t *testing.T) {
+	t.Parallel()
+	dsn, _ := testenv.MySQL(t)
+	proxy, proxied := testenv.MySQLProxy(t, dsn)
+	db, err := sqlx.Open("mysql", proxied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	_, release, err := sqldb.Lock(context.Background(), db, "paysvc.test."+testenv.Name(t), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.BlackholeWhen(func([]byte) bool { return true })
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { release(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("release still waiting after %s on a server that does not answer", time.Since(start).Round(time.Second))
+	}
+}
