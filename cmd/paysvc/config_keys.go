@@ -59,7 +59,7 @@ var keys = []key{
 		doc:  "quorum: deliveries of one message before it goes to the terminal queue (a message that crashes every consumer). Outages spend none: paysvc holds the messages in hand while MySQL or Redis is down (up to `amqp.consumerTimeout`)"},
 	{name: "amqp.consumerTimeout", def: "24h", check: minDuration(time.Minute),
 		bind: func(c *Config) any { return &c.AMQP.ConsumerTimeout },
-		doc: "quorum, RabbitMQ 3.12+: how long the broker lets paysvc hold a delivery unacknowledged (`x-consumer-timeout` on its consume, in place of the server's `consumer_timeout`, 30 min by default). paysvc holds the messages in hand through an outage; past this the broker takes them back, a delivery count each. RabbitMQ 3.10 and 3.11 ignore it: there `consumer_timeout` alone applies"},
+		doc:  "RabbitMQ 3.12+: how long the broker lets paysvc hold a delivery unacknowledged (`x-consumer-timeout` on the consumer's and the parker's consumes, in place of the server's `consumer_timeout`, 30 min by default). paysvc holds the messages in hand through an outage (the parker, a terminal message through a database outage); past this the broker takes them back, a delivery count each. RabbitMQ 3.10 and 3.11 ignore it: there `consumer_timeout` alone applies"},
 	{name: "amqp.caFile", def: "", check: existingFile,
 		bind: func(c *Config) any { return &c.AMQP.CAFile },
 		doc:  "PEM CA for `amqps://` (empty: the system roots)"},

@@ -133,6 +133,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 
 	wake := make(chan struct{}, 1)
 	parker := &listener.Parker{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Store: deadLetters, Log: log, Metrics: m,
+		ConsumerTimeout: cfg.AMQP.ConsumerTimeout,
 		OnParked: func(_ int64, becameNew bool) {
 			if becameNew {
 				select {

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
+	"github.com/paysvc/paysvc/internal/deadletter"
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/logging"
 	"github.com/paysvc/paysvc/internal/money"
@@ -51,8 +52,8 @@ func TestAppliesOnceAndAcksDuplicates(t *testing.T) {
 	}
 }
 
-// The consumer asks the broker for its own delivery timeout
-// (x-consumer-timeout): on RabbitMQ 3.12+ it replaces the server's
+// The consumer and the parker ask the broker for their own delivery
+// timeout (x-consumer-timeout): on RabbitMQ 3.12+ it replaces the server's
 // consumer_timeout (30 min by default), past which a delivery held through
 // an outage is taken back with a delivery count, the channel closed.
 // RabbitMQ 3.10 lists the argument and ignores it.
@@ -62,17 +63,28 @@ func TestConsumerAsksForItsDeliveryTimeout(t *testing.T) {
 	e.declare()
 	c := e.start(e.redisAddr, e.dsn, func(c *setup) { c.ConsumerTimeout = 90 * time.Minute })
 	defer c.stop()
+	stopParker := e.startParker(deadletter.NewStore(e.db), 0) // 90 min too
+	defer stopParker()
 	u, err := url.Parse(e.amqpURL)
 	if err != nil {
 		t.Fatal(err)
 	}
+	queues := []string{listener.MainQueue, listener.TerminalQueue, listener.OverflowQueue}
 	var listed string
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		listed, err = sandbox.RabbitmqCtlOutput("list_consumers", "-p", strings.TrimPrefix(u.Path, "/"), "queue_name", "arguments")
-		return err == nil && strings.Contains(listed, listener.MainQueue)
-	}, "the consumer was never listed")
-	if !strings.Contains(listed, "x-consumer-timeout") || !strings.Contains(listed, "5400000") {
-		t.Fatalf("consumers listed as %q, want x-consumer-timeout 5400000 (90 min) on %s", listed, listener.MainQueue)
+		return err == nil && strings.Count(listed, "\n") > len(queues)
+	}, "the consumers were never listed")
+	for _, q := range queues {
+		found := false
+		for _, line := range strings.Split(listed, "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == q {
+				found = strings.Contains(line, "x-consumer-timeout") && strings.Contains(line, "5400000")
+			}
+		}
+		if !found {
+			t.Errorf("%s's consumer does not ask for x-consumer-timeout 5400000 (90 min): %q", q, listed)
+		}
 	}
 }
 

@@ -37,6 +37,10 @@ type Parker struct {
 	Timeout time.Duration
 	// TerminalDeliveryLimit is the terminal queue's, as in Topology.
 	TerminalDeliveryLimit int
+	// ConsumerTimeout, if not 0, is the consumes' x-consumer-timeout, as
+	// the consumer's (Config.ConsumerTimeout): the parker holds a message
+	// through a database outage.
+	ConsumerTimeout time.Duration
 
 	holding atomic.Int32 // 1 while a message waits for the database
 }
@@ -98,11 +102,15 @@ func (p *Parker) session(ctx context.Context) error {
 		return err
 	}
 	// The terminal queue, and what it dead-lettered past its delivery limit.
-	terminal, err := ch.Consume(TerminalQueue, "", false /* autoAck: ack after the row commits */, false, false, false, nil)
+	var args amqp.Table
+	if p.ConsumerTimeout > 0 {
+		args = amqp.Table{"x-consumer-timeout": p.ConsumerTimeout.Milliseconds()}
+	}
+	terminal, err := ch.Consume(TerminalQueue, "", false /* autoAck: ack after the row commits */, false, false, false, args)
 	if err != nil {
 		return err
 	}
-	overflow, err := ch.Consume(OverflowQueue, "", false, false, false, false, nil)
+	overflow, err := ch.Consume(OverflowQueue, "", false, false, false, false, args)
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,8 @@ import (
 // startParker runs a Parker on the env's vhost and store until the test ends.
 func (e *env) startParker(store *deadletter.Store, timeout time.Duration) (stop func() time.Duration) {
 	e.t.Helper()
-	p := &listener.Parker{URL: e.amqpURL, Name: e.t.Name(), Store: store, Log: e.log, Metrics: e.metrics, Timeout: timeout}
+	p := &listener.Parker{URL: e.amqpURL, Name: e.t.Name(), Store: store, Log: e.log, Metrics: e.metrics, Timeout: timeout,
+		ConsumerTimeout: 90 * time.Minute}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
