@@ -184,8 +184,14 @@ func (g *Guard) Release(ctx context.Context, c Claim) (bool, error) {
 
 // Server returns the address of the Redis server the guard talks to, as
 // that server sees it (CLIENT INFO, laddr): behind Sentinel, the current
-// master.
+// master. A Redis Cluster has a master per slot range, and a keyless
+// command goes to any of them in turn: Server says "cluster" (there is no
+// one server to follow, and following CLIENT INFO's answers would count a
+// failover at every sample).
 func (g *Guard) Server(ctx context.Context) (string, error) {
+	if _, ok := g.rdb.(*redis.ClusterClient); ok {
+		return ClusterServer, nil
+	}
 	info, err := g.rdb.Do(ctx, "CLIENT", "INFO").Text()
 	if err != nil {
 		return "", err
@@ -197,6 +203,9 @@ func (g *Guard) Server(ctx context.Context) (string, error) {
 	}
 	return "", errors.New("CLIENT INFO: no laddr")
 }
+
+// ClusterServer is Server's answer for a Redis Cluster.
+const ClusterServer = "cluster"
 
 // Probe checks that Redis takes a write, as a claim needs: a PING is answered
 // by a replica, a full server or a user without write rights too.

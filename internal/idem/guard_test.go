@@ -277,3 +277,16 @@ func TestClaimReadsForeignValues(t *testing.T) {
 		}
 	})
 }
+
+// Behind a Redis Cluster there is no one server to follow: Server says so
+// without asking (a keyless CLIENT INFO goes to each master in turn, and
+// the monitor counted a failover at every sample). No Cluster runs here:
+// the client is never dialled.
+func TestServerOfACluster(t *testing.T) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, DialTimeout: 100 * time.Millisecond})
+	defer rdb.Close()
+	g := New(rdb, Config{KeyPrefix: "x:", TTL: time.Hour, Lease: time.Minute})
+	if s, err := g.Server(context.Background()); err != nil || s != ClusterServer {
+		t.Fatalf("Server on a Cluster = %q, %v; want %q", s, err, ClusterServer)
+	}
+}
