@@ -169,14 +169,15 @@ func TestKubernetesManifests(t *testing.T) {
 	grace, _ := get(pod, "terminationGracePeriodSeconds").(int)
 	preStop, _ := get(c, "lifecycle", "preStop", "sleep", "seconds").(int)
 	// Every bounded wait on the drain path after amqp.drainTimeout: stop
-	// intake, workers after the timeout, held acks, channel and connection
-	// close, the copies' connection close (5 s each, internal/listener;
-	// broker.CloseConn), the admin publisher's close
+	// intake, workers after the timeout, held acks, the unstarted
+	// messages' nack, channel and connection close, the copies' connection
+	// close (5 s each, internal/listener; broker.CloseConn), the admin
+	// publisher's close
 	// (broker.CloseTimeout), the helpers (the dispatcher's notice batch: 10 s
 	// confirm wait + 10 s mark + its connection's close 5 s,
 	// internal/outbox), the spans' last export (5 s, internal/tracing), the
 	// HTTP server (5 s).
-	const afterDrain = 6*5*time.Second + 5*time.Second + 25*time.Second + 5*time.Second + 5*time.Second
+	const afterDrain = 7*5*time.Second + 5*time.Second + 25*time.Second + 5*time.Second + 5*time.Second
 	if need := time.Duration(preStop)*time.Second + drainTimeout(t) + afterDrain; time.Duration(grace)*time.Second < need || preStop == 0 {
 		t.Errorf("terminationGracePeriodSeconds %d must cover preStop %ds + drain timeout %s + the bounded waits after it (%s): %s",
 			grace, preStop, drainTimeout(t), afterDrain, need)
