@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/paysvc/paysvc/internal/sqldb"
 )
 
 // Alert is the JSON body POSTed to the webhook for a dead letter.
@@ -59,12 +61,33 @@ func (a *Alerter) Run(ctx context.Context) {
 	}
 }
 
-// SendPending posts every pending alert; it stops at the first failure.
+// alertLock is the named lock one replica's round holds: every replica
+// runs an Alerter on the same rows, and without it each would post every
+// alert (a round's read, post and mark are not atomic).
+const alertLock = "paysvc.alerts"
+
+// SendPending posts every pending alert, one replica at a time (a round
+// that finds another replica's under way leaves the alerts to it). It stops
+// at the first webhook that does not answer; one the webhook refuses (an
+// HTTP error status) is retried next round, and the others go on.
 func (a *Alerter) SendPending(ctx context.Context) error {
 	pending, err := a.Store.PendingAlerts(ctx, 100)
+	if err != nil || len(pending) == 0 {
+		return err
+	}
+	_, release, err := sqldb.Lock(ctx, a.Store.db, alertLock, 0)
+	if errors.Is(err, sqldb.ErrLocked) {
+		return nil // another replica is sending them
+	}
 	if err != nil {
 		return err
 	}
+	defer release()
+	// Read again under the lock: a round that just ended marked some.
+	if pending, err = a.Store.PendingAlerts(ctx, 100); err != nil {
+		return err
+	}
+	var refused error
 	for _, d := range pending {
 		body, _ := json.Marshal(Alert{
 			Text: fmt.Sprintf("paysvc: payment %s reached the terminal queue (%s): %s",
@@ -87,12 +110,15 @@ func (a *Alerter) SendPending(ctx context.Context) error {
 		}
 		resp.Body.Close()
 		if resp.StatusCode/100 != 2 {
-			return fmt.Errorf("alert %d: webhook answered %s", d.ID, resp.Status)
+			if refused == nil {
+				refused = fmt.Errorf("alert %d: webhook answered %s", d.ID, resp.Status)
+			}
+			continue // this alert again next round; the others now
 		}
 		if err := a.Store.MarkAlerted(ctx, d); err != nil {
 			return err
 		}
 		a.Log.Info("alert sent", zap.Int64("dead_letter_id", d.ID), zap.String("order_no", d.Order()))
 	}
-	return nil
+	return refused
 }

@@ -5,10 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/paysvc/paysvc/internal/deadletter"
 	"github.com/paysvc/paysvc/internal/money"
@@ -457,5 +462,61 @@ func TestReplayMarksBeforeItPublishes(t *testing.T) {
 	}
 	if d, events, _ := s.Get(ctx, id); d.Status != deadletter.Replayed || events[len(events)-1].Operator != "alice" {
 		t.Fatalf("row %s, last event %+v; want REPLAYED by alice", d.Status, events[len(events)-1])
+	}
+}
+
+// Every replica runs an alerter on the same rows: a round holds them, so
+// two rounds at once post each alert once, not once per replica. An alert
+// the webhook refuses (an HTTP error) does not hold back the others.
+func TestAlertsPostOncePerDeadLetterAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	s := deadletter.NewStore(db)
+	ctx := context.Background()
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	refusedID, _, err := s.Park(ctx, parked("AL1", t0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Park(ctx, parked("AL2", t0)); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	posts := map[int64]int{}
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var a deadletter.Alert
+		json.NewDecoder(r.Body).Decode(&a)
+		mu.Lock()
+		posts[a.DeadLetterID]++
+		mu.Unlock()
+		time.Sleep(300 * time.Millisecond) // a slow webhook: the rounds overlap
+		if a.DeadLetterID == refusedID {
+			http.Error(w, "too large", http.StatusRequestEntityTooLarge)
+		}
+	}))
+	defer hook.Close()
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range errs {
+		a := &deadletter.Alerter{Store: s, URL: hook.URL, Client: hook.Client(), Log: zap.NewNop()}
+		wg.Go(func() { errs[i] = a.SendPending(ctx) })
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range posts {
+		if n != 1 {
+			t.Errorf("dead letter %d alerted %d times by two replicas' rounds, want once", id, n)
+		}
+	}
+	if len(posts) != 2 {
+		t.Errorf("alerts posted for %v, want both dead letters (a refused one holds no other back)", posts)
+	}
+	pending, _ := s.PendingAlerts(ctx, 10)
+	if len(pending) != 1 || pending[0].ID != refusedID {
+		t.Errorf("pending after the rounds: %v, want only the refused %d", pending, refusedID)
+	}
+	if (errs[0] == nil) == (errs[1] == nil) {
+		t.Errorf("round errors %v: want the refusal reported by the round that posted, none by the other", errs)
 	}
 }
