@@ -553,9 +553,15 @@ func (s *Store) NewByClass(ctx context.Context) (map[string]int, error) {
 	return out, nil
 }
 
-// Column sizes of t_dead_letter (bytes).
+// Column sizes of t_dead_letter (bytes), and what one INSERT can carry.
 const (
-	maxBody      = 1<<24 - 1 // MEDIUMBLOB
+	// The body column is a MEDIUMBLOB (16 MiB), but the row goes in one
+	// statement, one packet, where an escaped body can take twice its size:
+	// a body near 16 MiB passed MariaDB's default max_allowed_packet (16
+	// MiB), the insert failed every time, and the parker held that message
+	// and every one behind it for good. A payment is 64 KiB at most (a
+	// larger one is a bad message): 4 MiB keeps any body worth reading.
+	maxBody      = 4 << 20
 	maxHeaders   = 1<<16 - 1 // TEXT
 	maxLastError = 60000     // TEXT, with room for what fit adds
 	maxClass     = 32        // VARCHAR(32), ASCII

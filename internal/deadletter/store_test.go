@@ -1,6 +1,7 @@
 package deadletter_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -518,5 +519,33 @@ func TestAlertsPostOncePerDeadLetterAcrossReplicas(t *testing.T) {
 	}
 	if (errs[0] == nil) == (errs[1] == nil) {
 		t.Errorf("round errors %v: want the refusal reported by the round that posted, none by the other", errs)
+	}
+}
+
+// A body the broker took but one INSERT cannot carry (an escaped body near
+// the 16 MiB column passed MariaDB's default max_allowed_packet, 16 MiB) is
+// stored cut, and the row says so: refused, it held the parker, and every
+// terminal message behind it, for good.
+func TestParkStoresAHugeBodyCut(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	s := deadletter.NewStore(db)
+	ctx := context.Background()
+	body := make([]byte, 17<<20)
+	for i := range body {
+		body[i] = "\x00'\"\\\n"[i%5] // each byte needs escaping in the statement
+	}
+	p := parked("HUGE1", time.Now())
+	p.Body, p.ErrorClass = body, "bad_message"
+	id, _, err := s.Park(ctx, p)
+	if err != nil {
+		t.Fatalf("park of a 17 MiB body: %v", err)
+	}
+	d, _, err := s.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Body) == 0 || len(d.Body) > 8<<20 || !bytes.Equal(d.Body, body[:len(d.Body)]) || !strings.Contains(d.LastError, "body cut from 17825792") {
+		t.Fatalf("stored %d bytes, last_error %q: want the body's start, cut, and the cut said", len(d.Body), d.LastError)
 	}
 }
