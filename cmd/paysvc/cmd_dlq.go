@@ -226,7 +226,7 @@ func dlqReplay(fs *flag.FlagSet) runFunc {
 	class := fs.String("class", "", "replay every NEW dead letter of this `CLASS`")
 	all := fs.Bool("all", false, "replay every NEW dead letter")
 	dryRun := fs.Bool("dry-run", false, "say what would happen, change nothing")
-	rate := fs.Float64("rate", 20, "`N` replays per second at most")
+	rate := fs.Float64("rate", float64(time.Second/replay.DefaultEvery), "`N` replays per second at most")
 	return func(ctx context.Context, c *cmdLine) error {
 		sel.args = c.args
 		switch {

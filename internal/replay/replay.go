@@ -28,6 +28,10 @@ type Publisher interface {
 	Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error
 }
 
+// DefaultEvery is the gap between two replays of one bulk action: 20 a
+// second, as `paysvc dlq replay --rate` by default. The admin page uses it.
+const DefaultEvery = 50 * time.Millisecond
+
 // Replayer replays dead letters.
 type Replayer struct {
 	Store   *deadletter.Store
