@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
 
 	"github.com/paysvc/paysvc/internal/deadletter"
@@ -22,6 +23,12 @@ import (
 	"github.com/paysvc/paysvc/internal/testenv"
 	"github.com/paysvc/paysvc/migrations"
 )
+
+// newStore is a store on a database of the test's own.
+func newStore(t *testing.T) (*deadletter.Store, *sqlx.DB) {
+	_, db := testenv.MySQL(t)
+	return deadletter.NewStore(db), db
+}
 
 func parked(orderNo string, at time.Time) deadletter.Parked {
 	return deadletter.Parked{OrderNo: orderNo, Body: []byte(`{"orderNo":"` + orderNo + `"}`), Headers: "{}",
@@ -33,8 +40,7 @@ func parked(orderNo string, at time.Time) deadletter.Parked {
 // again after a replay, the row is NEW again with its history kept.
 func TestParkReplayPark(t *testing.T) {
 	t.Parallel()
-	_, db := testenv.MySQL(t)
-	s := deadletter.NewStore(db)
+	s, _ := newStore(t)
 	ctx := context.Background()
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 
@@ -110,8 +116,7 @@ func payment(orderNo string, user int64, amount money.Cents, class string, at ti
 // first; another copy of the same payment joins its row.
 func TestParkKeepsEveryDistinctMessage(t *testing.T) {
 	t.Parallel()
-	_, db := testenv.MySQL(t)
-	s := deadletter.NewStore(db)
+	s, _ := newStore(t)
 	ctx := context.Background()
 	t0 := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
 	for _, order := range [][2]string{{"X1", "real first"}, {"X2", "mismatch first"}} {
@@ -156,8 +161,7 @@ func TestParkKeepsEveryDistinctMessage(t *testing.T) {
 // says so; the message is stored, not refused (strict mode's 1406).
 func TestParkFitsOversizedHeaders(t *testing.T) {
 	t.Parallel()
-	_, db := testenv.MySQL(t)
-	s := deadletter.NewStore(db)
+	s, _ := newStore(t)
 	ctx := context.Background()
 	p := payment("H1", 7, 100, "bad_message", time.Now())
 	p.Headers = fmt.Sprintf(`{"big":%q,"small":"kept","x-error-class":"bad_message"}`, strings.Repeat("x", 70000))
@@ -183,8 +187,7 @@ func TestParkFitsOversizedHeaders(t *testing.T) {
 // could be either is refused, never guessed.
 func TestFindOrderRefusesAmbiguousDigits(t *testing.T) {
 	t.Parallel()
-	_, db := testenv.MySQL(t)
-	s := deadletter.NewStore(db)
+	s, _ := newStore(t)
 	ctx := context.Background()
 	id, _, err := s.Park(ctx, payment("ORD-A", 7, 100, "mismatch", time.Now()))
 	if err != nil {
@@ -214,8 +217,7 @@ func TestFindOrderRefusesAmbiguousDigits(t *testing.T) {
 // move to the new keys: the next copy of the same payment joins them.
 func TestMigrationMovesLegacyRows(t *testing.T) {
 	t.Parallel()
-	_, db := testenv.MySQL(t)
-	s := deadletter.NewStore(db)
+	s, db := newStore(t)
 	ctx := context.Background()
 	p := payment("LEG1", 7, 12345, "balance_not_enough", time.Now())
 	db.MustExec(`INSERT INTO t_dead_letter (dedup_key, order_no, user_id, amount, body, headers, error_class, last_error,
@@ -252,8 +254,7 @@ func TestMigrationMovesLegacyRows(t *testing.T) {
 // published.
 func TestReplayRefusesARowChangedSinceItWasRead(t *testing.T) {
 	t.Parallel()
-	_, db := testenv.MySQL(t)
-	s := deadletter.NewStore(db)
+	s, _ := newStore(t)
 	ctx := context.Background()
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	published := 0
@@ -311,8 +312,7 @@ func TestReplayRefusesARowChangedSinceItWasRead(t *testing.T) {
 // REPLAYED, which would hide a payment that failed again).
 func TestReplayHoldsTheRowUntilItsMark(t *testing.T) {
 	t.Parallel()
-	_, db := testenv.MySQL(t)
-	s := deadletter.NewStore(db)
+	s, db := newStore(t)
 	ctx := context.Background()
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	id, _, err := s.Park(ctx, parked("HOLD1", t0))
@@ -381,8 +381,7 @@ func TestReplayHoldsTheRowUntilItsMark(t *testing.T) {
 // alerted on the next round instead of never.
 func TestMarkAlertedLeavesARowParkedAgain(t *testing.T) {
 	t.Parallel()
-	_, db := testenv.MySQL(t)
-	s := deadletter.NewStore(db)
+	s, _ := newStore(t)
 	ctx := context.Background()
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	id, _, err := s.Park(ctx, parked("AL1", t0))
@@ -423,8 +422,7 @@ func TestMarkAlertedLeavesARowParkedAgain(t *testing.T) {
 // no line in the row's history.
 func TestReplayMarksBeforeItPublishes(t *testing.T) {
 	t.Parallel()
-	_, db := testenv.MySQL(t)
-	s := deadletter.NewStore(db)
+	s, db := newStore(t)
 	ctx := context.Background()
 	published := 0
 	publish := func(context.Context) error { published++; return nil }
@@ -471,8 +469,7 @@ func TestReplayMarksBeforeItPublishes(t *testing.T) {
 // the webhook refuses (an HTTP error) does not hold back the others.
 func TestAlertsPostOncePerDeadLetterAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	_, db := testenv.MySQL(t)
-	s := deadletter.NewStore(db)
+	s, _ := newStore(t)
 	ctx := context.Background()
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	refusedID, _, err := s.Park(ctx, parked("AL1", t0))
@@ -528,8 +525,7 @@ func TestAlertsPostOncePerDeadLetterAcrossReplicas(t *testing.T) {
 // terminal message behind it, for good.
 func TestParkStoresAHugeBodyCut(t *testing.T) {
 	t.Parallel()
-	_, db := testenv.MySQL(t)
-	s := deadletter.NewStore(db)
+	s, _ := newStore(t)
 	ctx := context.Background()
 	body := make([]byte, 17<<20)
 	for i := range body {

@@ -26,6 +26,30 @@ import (
 	"github.com/paysvc/paysvc/internal/testenv"
 )
 
+// declare declares the notice topology through a channel of its own, which
+// it returns.
+func declare(t *testing.T, amqpURL string) *amqp.Channel {
+	t.Helper()
+	ch, err := dial(t, amqpURL).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Declare(ch); err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// declaredNode starts a RabbitMQ node of the test's own (for a resource
+// alarm) and declares the notice topology on it.
+func declaredNode(t *testing.T) (node, amqpURL string) {
+	t.Helper()
+	node, _, addr := testenv.RabbitNode(t, "", nil)
+	amqpURL = "amqp://guest:guest@" + addr + "/"
+	declare(t, amqpURL)
+	return node, amqpURL
+}
+
 func dial(t *testing.T, amqpURL string) *amqp.Connection {
 	t.Helper()
 	conn, err := amqp.Dial(amqpURL)
@@ -45,13 +69,7 @@ func TestDispatcherHoldsNoLockWhilePublishing(t *testing.T) {
 	t.Parallel()
 	_, db := testenv.MySQL(t)
 	amqpURL := testenv.AMQP(t)
-	ch, err := dial(t, amqpURL).Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.Declare(ch); err != nil {
-		t.Fatal(err)
-	}
+	declare(t, amqpURL)
 	for _, no := range []string{"N1", "N2", "N3"} {
 		if err := outbox.AddPaymentSucceeded(context.Background(), db, no, 1, money.Cents(100), time.Now()); err != nil {
 			t.Fatal(err)
@@ -368,15 +386,7 @@ func TestDispatcherStopsWhenTheBrokerNeverAnswersTheClose(t *testing.T) {
 func TestDispatcherWaitsOutAResourceAlarmOnOneConnection(t *testing.T) {
 	t.Parallel()
 	_, db := testenv.MySQL(t)
-	node, _, addr := testenv.RabbitNode(t, "", nil)
-	amqpURL := "amqp://guest:guest@" + addr + "/"
-	ch, err := dial(t, amqpURL).Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.Declare(ch); err != nil {
-		t.Fatal(err)
-	}
+	node, amqpURL := declaredNode(t)
 	if err := outbox.AddPaymentSucceeded(context.Background(), db, "ALARM1", 1, money.Cents(100), time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -419,15 +429,7 @@ func TestDispatcherWaitsOutAResourceAlarmOnOneConnection(t *testing.T) {
 func TestDispatcherStopsPromptlyInAResourceAlarm(t *testing.T) {
 	t.Parallel()
 	_, db := testenv.MySQL(t)
-	node, _, addr := testenv.RabbitNode(t, "", nil)
-	amqpURL := "amqp://guest:guest@" + addr + "/"
-	ch, err := dial(t, amqpURL).Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.Declare(ch); err != nil {
-		t.Fatal(err)
-	}
+	node, amqpURL := declaredNode(t)
 	const runs, each = 4, 4
 	seedPayable(db, "S", runs*each)
 	testenv.MemoryAlarm(t, node)
@@ -502,13 +504,7 @@ func TestDispatcherLeavesReturnedNoticesPending(t *testing.T) {
 	_, db := testenv.MySQL(t)
 	amqpURL := testenv.AMQP(t)
 	ctx := context.Background()
-	ch, err := dial(t, amqpURL).Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.Declare(ch); err != nil {
-		t.Fatal(err)
-	}
+	ch := declare(t, amqpURL)
 	if err := ch.QueueUnbind(outbox.Queue, "pay.#", outbox.Exchange, nil); err != nil {
 		t.Fatal(err)
 	}
