@@ -91,6 +91,10 @@ func (h *healthServer) readyz(w http.ResponseWriter, r *http.Request) {
 	where := fmt.Sprintf("broker node: %s\nredis server: %s\n", cmp.Or(c.Node(), "-"), cmp.Or(m.RedisServer(), "-"))
 	if !c.Ready() {
 		w.WriteHeader(http.StatusServiceUnavailable)
+		if why := c.PauseReason(); why != "" {
+			fmt.Fprintf(w, "not consuming: paused: %s\n%s", why, where)
+			return
+		}
 		io.WriteString(w, "not consuming (reconnecting, or paused on a dependency)\n"+where)
 		return
 	}

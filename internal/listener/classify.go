@@ -106,15 +106,3 @@ func classify(err error) (Kind, Class) {
 	}
 	return Retryable, ClassUnknown
 }
-
-// dependency names the server whose outage a class shows, for
-// paysvc_held_messages: redis, mysql, or other.
-func (c Class) dependency() string {
-	switch c {
-	case ClassRedisUnavailable:
-		return "redis"
-	case ClassMySQLUnavailable, ClassMySQLError, ClassCommitUnknown, ClassDeadlock, ClassLockWait:
-		return "mysql"
-	}
-	return "other"
-}

@@ -1,10 +1,12 @@
 package listener
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/paysvc/paysvc/internal/idem"
 	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/order"
+	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/trace"
 	"github.com/paysvc/paysvc/internal/tracing"
 )
@@ -89,11 +92,15 @@ type Consumer struct {
 	waits map[string]*waitQueue
 	// node is the broker node of the current (or last) session.
 	node  atomic.Pointer[string]
-	probe struct { // the last dependency probe (dependenciesUp)
+	probe struct { // the last dependency probe (dependencies)
 		sync.Mutex
-		at time.Time
-		up bool
+		at  time.Time
+		err error
 	}
+	// pauseReason is why consumption is paused (a Reason), while it is.
+	pauseReason atomic.Pointer[Reason]
+	// instance keys the write probe's row: the host name.
+	instance string
 	// redisDownUntil (unix nanos) skips Redis for redisSkip under OPEN after
 	// it failed, instead of paying a timeout on every message.
 	redisDownUntil atomic.Int64
@@ -112,11 +119,13 @@ func New(cfg Config, orders *order.Store, payer Payer, guard *idem.Guard, log *z
 	if cfg.FirstLog == nil {
 		cfg.FirstLog = log
 	}
+	host, _ := os.Hostname()
 	c := &Consumer{cfg: cfg, orders: orders, payer: payer, guard: guard, log: log, m: cfg.Metrics,
-		waits: map[string]*waitQueue{}}
+		waits: map[string]*waitQueue{}, instance: cmp.Or(host, "paysvc")}
 	for _, d := range cfg.Retry.Delays {
 		c.waits[WaitQueue(d)] = &waitQueue{delay: d}
 	}
+	c.setPauseReason(ReasonNone) // every reason's series, at 0
 	return c
 }
 
@@ -278,39 +287,144 @@ func (c *Consumer) waitDependencies(ctx context.Context, bo *broker.Backoff) err
 	}
 }
 
-// dependenciesUp probes MySQL, and Redis under CLOSED, as a session start
-// does; answers are shared for probeShared, so that a burst of failures
-// probes once.
-func (c *Consumer) dependenciesUp(ctx context.Context) bool {
+// dependenciesUp reports whether every dependency takes work (dependencies).
+func (c *Consumer) dependenciesUp(ctx context.Context) bool { return c.dependencies(ctx) == nil }
+
+// dependencies probes MySQL, and Redis under CLOSED, as a session start
+// does, and returns why one does not take work (a *depError), or nil. One
+// probe runs at a time, and its answer serves every caller for
+// probeShared: a burst of failures, and every worker holding a message
+// through an outage, probe once.
+func (c *Consumer) dependencies(ctx context.Context) error {
 	c.probe.Lock()
 	defer c.probe.Unlock()
 	if time.Since(c.probe.at) < probeShared {
-		return c.probe.up
+		return c.probe.err
 	}
-	c.probe.up = c.probeDependencies(ctx) == nil
+	c.probe.err = c.probeDependencies(ctx)
 	c.probe.at = time.Now()
-	return c.probe.up
+	return c.probe.err
 }
 
-// probeDependencies returns nil once MySQL answers, and Redis too under CLOSED.
+// probeDependencies returns nil once MySQL answers and commits a write, and
+// Redis answers too under CLOSED; else a *depError saying which does not.
+// The write probe matters where MySQL answers reads but stalls writes (a
+// global read lock, a metadata lock, a full disk, a semi-synchronous
+// wait): payments time out one by one while a read says all is well.
 func (c *Consumer) probeDependencies(ctx context.Context) error {
-	ping := func(name string, f func(context.Context) error) error {
+	ping := func(f func(context.Context) error) error {
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 		defer cancel()
-		if err := f(pctx); err != nil {
-			return fmt.Errorf("%s: %w", name, err)
+		return f(pctx)
+	}
+	if err := ping(c.orders.Ping); err != nil {
+		if errors.Is(err, order.ErrReadOnly) {
+			return &depError{ReasonMySQLReadOnly, err}
 		}
-		return nil
+		return &depError{ReasonMySQLUnavailable, err}
 	}
-	err := ping("mysql", c.orders.Ping)
-	if err == nil && c.cfg.RedisFallback == FallbackClosed {
-		err = ping("redis", c.guard.Probe)
+	if err := ping(func(ctx context.Context) error { return c.orders.ProbeWrites(ctx, c.instance) }); err != nil {
+		switch {
+		case errors.Is(err, order.ErrWritesStalled):
+			return &depError{ReasonMySQLWritesStalled, err}
+		case sqldb.IsSchemaOrPermission(err):
+			return &depError{ReasonMySQLError, err}
+		}
+		return &depError{ReasonMySQLUnavailable, err}
 	}
-	return err
+	if c.cfg.RedisFallback == FallbackClosed {
+		if err := ping(c.guard.Probe); err != nil {
+			return &depError{ReasonRedisUnavailable, err}
+		}
+	}
+	return nil
 }
 
-// probeTimeout bounds one dependency probe.
+// probeTimeout bounds each dependency probe: the read, the write's commit,
+// the Redis round trip. A write that commits in a healthy database takes
+// milliseconds; one held past this is a stall.
 const probeTimeout = 3 * time.Second
 
-// probeShared is how long dependenciesUp's answer serves other callers.
+// probeShared is how long a probe's answer serves other callers.
 const probeShared = time.Second
+
+// Reason says why consumption is paused: paysvc_pause_reason{reason} and
+// /readyz name it.
+type Reason string
+
+// The reasons for a pause.
+const (
+	ReasonNone               Reason = ""
+	ReasonMySQLUnavailable   Reason = "mysql_unavailable"
+	ReasonMySQLReadOnly      Reason = "mysql_read_only"
+	ReasonMySQLWritesStalled Reason = "mysql_writes_stalled"
+	ReasonMySQLError         Reason = "mysql_error"
+	ReasonRedisUnavailable   Reason = "redis_unavailable"
+)
+
+// Reasons lists every pause reason, for the metric's series.
+var Reasons = []Reason{ReasonMySQLUnavailable, ReasonMySQLReadOnly, ReasonMySQLWritesStalled,
+	ReasonMySQLError, ReasonRedisUnavailable}
+
+// Text is the reason in words, for /readyz and the logs.
+func (r Reason) Text() string {
+	switch r {
+	case ReasonMySQLUnavailable:
+		return "MySQL does not answer"
+	case ReasonMySQLReadOnly:
+		return "MySQL is read-only"
+	case ReasonMySQLWritesStalled:
+		return "MySQL does not commit writes"
+	case ReasonMySQLError:
+		return "MySQL refuses paysvc's statements (a missing table or column, a revoked grant)"
+	case ReasonRedisUnavailable:
+		return "Redis does not answer"
+	}
+	return string(r)
+}
+
+// class is the error class a pause for r shows, for a message held before
+// it was tried.
+func (r Reason) class() Class {
+	switch r {
+	case ReasonRedisUnavailable:
+		return ClassRedisUnavailable
+	case ReasonMySQLError:
+		return ClassMySQLError
+	case ReasonMySQLWritesStalled:
+		return ClassTimeout
+	}
+	return ClassMySQLUnavailable
+}
+
+// dependency names the server r is about, for paysvc_held_messages.
+func (r Reason) dependency() string {
+	if r == ReasonRedisUnavailable {
+		return "redis"
+	}
+	return "mysql"
+}
+
+// depError is why a dependency does not take work.
+type depError struct {
+	reason Reason
+	err    error
+}
+
+func (e *depError) Error() string { return e.reason.Text() + ": " + e.err.Error() }
+func (e *depError) Unwrap() error { return e.err }
+
+// reasonOf is the pause reason an error of a probe (or of handling) shows.
+func reasonOf(err error, class Class) Reason {
+	var de *depError
+	if errors.As(err, &de) {
+		return de.reason
+	}
+	switch class {
+	case ClassRedisUnavailable:
+		return ReasonRedisUnavailable
+	case ClassMySQLError:
+		return ReasonMySQLError
+	}
+	return ReasonMySQLUnavailable
+}

@@ -797,8 +797,10 @@ func TestSampledFirstKeepsOtherOutcomes(t *testing.T) {
 
 // COMMIT reaches the server and commits, and its reply is lost: the message
 // goes back to the main queue alone without spending an attempt, the others
-// flow, and the redelivery is acked as a DUPLICATE; one flow.
-func TestCommitUnknownIsRequeuedAloneThenDuplicate(t *testing.T) {
+// flow, and the redelivery finds the payment applied by this message's own
+// COMMIT (its notice carries the message's trace): it is acked and counted
+// FIRST, once, as the payment it is, not a DUPLICATE; one flow.
+func TestCommitUnknownIsRequeuedAloneThenCountedFirst(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.declare()
@@ -809,24 +811,27 @@ func TestCommitUnknownIsRequeuedAloneThenDuplicate(t *testing.T) {
 	proxy.BlackholeAfter(func(b []byte) bool { return testenv.IsCommit(b) && once.CompareAndSwap(false, true) })
 	e.start(e.redisAddr, proxied, func(c *setup) { c.HandleTimeout = 2 * time.Second })
 	e.publish(body("CUK1", 81, "1.00"))
-	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["DUPLICATE"] == 1 }, "the redelivery was not a duplicate")
-	var requeued, dup map[string]any
+	e.waitResults(20*time.Second, func(r map[string]int) bool { return r["FIRST"]+r["DUPLICATE"] == 1 }, "the redelivery was not acked")
+	var requeued, first map[string]any
 	for _, entry := range e.logs.FilterMessage("message handled").All() {
 		m := entry.ContextMap()
 		switch m["result"] {
 		case "REQUEUE":
 			requeued = m
-		case "DUPLICATE":
-			dup = m
+		case "FIRST":
+			first = m
 		}
+	}
+	if first == nil || first["commit_resolved"] != true || first["attempt"] != int64(0) {
+		t.Fatalf("the redelivery's outcome %v: want FIRST, commit_resolved, no attempt spent; outcomes %v", first, e.results())
+	}
+	if got := testutil.ToFloat64(e.metrics.Messages.WithLabelValues("FIRST")); got != 1 {
+		t.Fatalf("paysvc_messages_total{result=\"FIRST\"} = %v, want 1", got)
 	}
 	if requeued == nil || requeued["error_class"] != "commit_unknown" || requeued["attempt"] != int64(0) {
 		t.Fatalf("first outcome %v: want REQUEUE, commit_unknown, no attempt spent", requeued)
 	}
-	if dup["attempt"] != int64(0) {
-		t.Fatalf("the duplicate's copy spent an attempt: %v", dup)
-	}
-	if r := e.results(); r["FIRST"] != 0 || r["RETRY"] != 0 || r["TERMINAL"] != 0 {
+	if r := e.results(); r["DUPLICATE"] != 0 || r["RETRY"] != 0 || r["TERMINAL"] != 0 {
 		t.Fatalf("outcomes %v", r)
 	}
 	if e.flows("CUK1") != 1 || e.balance(81) != 900 || e.status("CUK1") != order.Paid {

@@ -24,6 +24,9 @@ type outcome struct {
 	key      string
 	degraded bool          // handled without the Redis guard (OPEN)
 	wait     time.Duration // in_flight: the other holder's remaining lease
+	// resolved: applied by a COMMIT of this message's whose reply was lost
+	// (found applied, and by this message, on a later round).
+	resolved bool
 }
 
 // lateWriteTimeout bounds a write that must happen even when the message's

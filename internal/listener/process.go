@@ -39,17 +39,41 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 	log := c.log.With(traceID)
 	var out outcome
 	held := broker.Backoff{Max: c.cfg.MaxBackoff}
-	letGo := false // held through an outage until the session ended
+	letGo := false   // held through an outage until the session ended
+	unknown := false // a round of this delivery's ended with its COMMIT's outcome unknown
 	for {
+		if r := c.pausedFor(); r != ReasonNone && !fault.Mutated("park_unavailable") {
+			// Consumption is paused: this message waits with the others
+			// instead of trying a dependency that does not take work (a
+			// stalled write would hold a connection for the handling
+			// bound, and then be killed).
+			if !c.hold(sess, &held, r.class(), &depError{r, errPaused}) {
+				out, letGo = unhandled(d, r), true
+				break
+			}
+		}
 		out = c.handle(ctx, d, span, log)
-		if out.kind != Unavailable || fault.Mutated("park_unavailable") ||
-			(out.class != ClassMySQLError && c.dependenciesUp(ctx)) {
+		unknown = unknown || out.class == ClassCommitUnknown
+		if out.kind != Unavailable || fault.Mutated("park_unavailable") {
 			break
 		}
-		if !c.hold(sess, &held, out.class) {
+		var down error
+		if out.class == ClassMySQLError {
+			down = &depError{ReasonMySQLError, out.err}
+		} else if down = c.dependencies(ctx); down == nil {
+			break // only this message failed: route sends it back alone
+		}
+		if !c.hold(sess, &held, out.class, down) {
 			letGo = true
 			break
 		}
+	}
+	if out.kind == Duplicate && (unknown || ClassCommitUnknown == Class(headerString(d.Headers, HeaderErrorClass))) &&
+		c.committedBy(ctx, out.orderNo, span, log) {
+		// The COMMIT whose reply was lost (in this delivery's earlier round,
+		// or in the copy's that came back alone) applied the payment: this
+		// delivery is the one that paid it.
+		out.kind, out.resolved = Applied, true
 	}
 	routed := out
 	if fault.Mutated("park_unavailable") && routed.kind == Unavailable {
@@ -73,9 +97,9 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 			signal(pause, fmt.Errorf("publish: %w", err))
 		} else {
 			brokerErr = d.Ack(false)
-		}
-		if a.copy.queue == MainQueue {
-			c.m.RequeuedAlone.Inc()
+			if a.copy.queue == MainQueue {
+				c.m.RequeuedAlone.Inc()
+			}
 		}
 	case a.nack:
 		brokerErr = d.Nack(false, true)
@@ -96,6 +120,9 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 	}
 	if out.degraded {
 		fields = append(fields, zap.Bool("degraded", true))
+	}
+	if out.resolved {
+		fields = append(fields, zap.Bool("commit_resolved", true))
 	}
 	if a.err != nil && out.kind != Duplicate {
 		fields = append(fields, zap.NamedError("error", a.err))
@@ -194,28 +221,34 @@ func (cp copier) publish(ctx, sess context.Context, exchange, key string, msg am
 // errBrokerBlocked: the session ended while the broker blocked publishing.
 var errBrokerBlocked = errors.New("the broker blocks publishing (resource alarm)")
 
-// hold keeps a worker (and its delivery) waiting while a dependency is
-// down: consumption is paused (readiness off, logged once per pause) until
-// a probe passes. It waits with backoff (bo, kept by the caller across
-// attempts on the same message: a dependency can answer its probe and
-// still fail the real work, a read-only failover or a schema problem). It
-// returns false when sess ends first.
-func (c *Consumer) hold(sess context.Context, bo *broker.Backoff, class Class) bool {
-	held := c.m.Held.WithLabelValues(class.dependency())
+// hold keeps a worker (and its delivery) waiting while a dependency does
+// not take work (why, a *depError, says which and how): consumption is
+// paused (readiness off, paysvc_pause_reason and the log say why, once per
+// pause) until a probe passes. It waits with backoff (bo, kept by the
+// caller across attempts on the same message: a dependency can answer its
+// probe and still fail the real work, a schema problem). Probes are shared
+// by every holding worker (dependencies). It returns false when sess ends
+// first.
+func (c *Consumer) hold(sess context.Context, bo *broker.Backoff, class Class, why error) bool {
+	reason := reasonOf(why, class)
+	held := c.m.Held.WithLabelValues(reason.dependency())
 	held.Inc()
 	defer held.Dec()
 	if c.paused.Add(1) == 1 {
 		if fault.Mutated("exit_on_pause") {
 			os.Exit(3) // a deliberately broken build: crashes on an outage
 		}
+		c.setPauseReason(reason)
 		c.m.Pauses.WithLabelValues(string(class)).Inc()
 		c.m.Paused.Set(1)
-		c.log.Warn("consumption paused; waiting for the dependency", zap.String("error_class", string(class)))
+		c.log.Warn("consumption paused; waiting for the dependency", zap.String("error_class", string(class)),
+			zap.String("reason", string(reason)), zap.NamedError("why", why))
 	}
 	c.updateReady()
 	defer func() {
 		if c.paused.Add(-1) == 0 {
 			c.m.Paused.Set(0)
+			c.setPauseReason(ReasonNone)
 			c.log.Info("consumption resumed")
 		}
 		c.updateReady()
@@ -224,12 +257,78 @@ func (c *Consumer) hold(sess context.Context, bo *broker.Backoff, class Class) b
 		if !broker.Sleep(sess, bo.Next()) {
 			return false
 		}
-		if err := c.probeDependencies(sess); err == nil {
+		err := c.dependencies(sess)
+		switch {
+		case err == nil:
 			return true
-		} else if sess.Err() != nil {
+		case sess.Err() != nil:
 			return false
 		}
+		if r := reasonOf(err, class); r != c.pausedFor() && c.paused.Load() > 0 {
+			c.setPauseReason(r)
+			c.log.Warn("consumption still paused, for another reason", zap.String("reason", string(r)), zap.NamedError("why", err))
+		}
 	}
+}
+
+// errPaused: a message taken while consumption was paused waits before it
+// is tried.
+var errPaused = errors.New("consumption is paused")
+
+// pausedFor is why consumption is paused, or ReasonNone.
+func (c *Consumer) pausedFor() Reason {
+	if c.paused.Load() == 0 {
+		return ReasonNone
+	}
+	if r := c.pauseReason.Load(); r != nil {
+		return *r
+	}
+	return ReasonNone
+}
+
+// PauseReason is why consumption is paused, in words ("" when it is not):
+// /readyz shows it.
+func (c *Consumer) PauseReason() string { return c.pausedFor().Text() }
+
+// setPauseReason records r as the pause's reason (paysvc_pause_reason: 1
+// for r, 0 for the others).
+func (c *Consumer) setPauseReason(r Reason) {
+	c.pauseReason.Store(&r)
+	for _, each := range Reasons {
+		v := 0.0
+		if each == r {
+			v = 1
+		}
+		c.m.PauseReason.WithLabelValues(string(each)).Set(v)
+	}
+}
+
+// unhandled is the outcome of a delivery let go while consumption was
+// paused, before it was tried: sent back, spending no attempt.
+func unhandled(d amqp.Delivery, r Reason) outcome {
+	out := outcome{kind: Unavailable, class: r.class(), err: fmt.Errorf("%w: %s", errPaused, r.Text())}
+	if p, err := DecodePayment(d.Body); err == nil {
+		out.orderNo = p.OrderNo
+	}
+	return out
+}
+
+// committedBy reports whether the payment of orderNo, found applied after
+// a COMMIT of this message's came back unknown, was applied by this
+// message: its notice carries this message's trace (every copy of a
+// message carries its trace). A failed read says no: the payment counts
+// as a duplicate, as it did before.
+func (c *Consumer) committedBy(ctx context.Context, orderNo string, span tracing.Context, log *zap.Logger) bool {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateWriteTimeout)
+	defer cancel()
+	tp, err := c.orders.NoticeTrace(rctx, orderNo)
+	if err != nil {
+		log.Warn("could not read whose commit applied the payment; counted as a duplicate",
+			zap.String("order_no", orderNo), zap.Error(err))
+		return false
+	}
+	in, ok := tracing.Parse(tp)
+	return ok && in.TraceID == span.TraceID
 }
 
 // parentOf is the parent span id of a message's span: the producer's span,

@@ -27,6 +27,7 @@ type Metrics struct {
 	Pauses            *prometheus.CounterVec // class: what paused consumption
 	Failovers         *prometheus.CounterVec // component: broker (another node), redis (another master)
 	Paused            prometheus.Gauge
+	PauseReason       *prometheus.GaugeVec // reason: why consumption is paused
 	RequeuedAlone     prometheus.Counter
 	ParkFallbacks     prometheus.Counter
 	QueueMessages     *prometheus.GaugeVec // queue
@@ -102,6 +103,10 @@ func New() *Metrics {
 			Help: "Times paysvc found itself on another broker node (broker) or Redis master (redis) than before."}, []string{"component"}),
 		Paused: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_paused", Help: "1 while consumption is paused on a dependency that is down (messages held, not returned)."}),
+		PauseReason: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "paysvc_pause_reason",
+			Help: "1 for the reason consumption is paused (mysql_unavailable, mysql_read_only, mysql_writes_stalled: MySQL answers reads but does not commit writes, mysql_error, redis_unavailable), 0 for the others."},
+			[]string{"reason"}),
 		RequeuedAlone: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paysvc_requeued_alone_total",
 			Help: "Messages sent back to the main queue alone, without an attempt (outcome unknown or timed out while every dependency answered)."}),
@@ -139,7 +144,7 @@ func New() *Metrics {
 			[]string{"component"}),
 	}
 	m.own = []prometheus.Collector{m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
-		m.Pauses, m.Failovers, m.Paused, m.RequeuedAlone, m.ParkFallbacks,
+		m.Pauses, m.Failovers, m.Paused, m.PauseReason, m.RequeuedAlone, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.OutboxOldestAge, m.ReconcileProblems,
 		m.ReconcileLastRun, m.AlertFailures, m.Held, m.DeadLettersClass, m.BrokerBlocked}
 	r.MustRegister(m.own...)

@@ -3,6 +3,7 @@ package order
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/outbox"
 	"github.com/paysvc/paysvc/internal/sqldb"
 )
 
@@ -138,7 +140,7 @@ func (s *Store) Ping(ctx context.Context) error {
 		return err
 	}
 	if readOnly != 0 {
-		return errors.New("mysql is read-only")
+		return ErrReadOnly
 	}
 	return nil
 }
@@ -154,4 +156,83 @@ func (s *Store) Status(ctx context.Context, orderNo string) (Status, error) {
 		return "", fmt.Errorf("order %s: read status: %w", orderNo, err)
 	}
 	return st, nil
+}
+
+// NoticeTrace returns the traceparent the payment-success notice of
+// orderNo was written with: the trace of the message that paid it.
+func (s *Store) NoticeTrace(ctx context.Context, orderNo string) (string, error) {
+	var tp string
+	err := s.db.GetContext(ctx, &tp, "SELECT traceparent FROM t_outbox WHERE biz_no = ? AND event_type = ?",
+		orderNo, outbox.EventPaymentSucceeded)
+	if err != nil {
+		return "", fmt.Errorf("order %s: read its notice's trace: %w", orderNo, err)
+	}
+	return tp, nil
+}
+
+// ErrReadOnly: the server is read-only (a replica, or a primary that failed
+// over).
+var ErrReadOnly = errors.New("mysql is read-only")
+
+// ErrWritesStalled: a write probe did not commit within its bound while
+// MySQL answered reads.
+var ErrWritesStalled = errors.New("mysql does not commit writes")
+
+// probeWrite is the write probe's transaction, one round trip: a write that
+// changes nothing on each table a payment writes (each takes the table's
+// write locks: a metadata lock, a global read lock or a read-only server
+// stops it as it would stop a payment), then a real row of the instance's
+// own, which the COMMIT must make durable (a full disk, a stalled fsync, a
+// semi-synchronous wait stop that). Read-committed, keyed by primary key:
+// it takes no row lock a payment waits for, and none a payment holds stops
+// it.
+const probeWrite = `START TRANSACTION;
+UPDATE t_order SET status = status WHERE order_no = '';
+UPDATE t_account SET balance = balance WHERE user_id = 0;
+INSERT INTO t_account_flow (user_id, amount, biz_no, type) SELECT 0, 0, '', '' FROM DUAL WHERE FALSE;
+INSERT INTO t_outbox (event_type, biz_no, payload) SELECT '', '', '' FROM DUAL WHERE FALSE;
+INSERT INTO t_write_probe (instance, probed_at) VALUES (?, CURRENT_TIMESTAMP(3))
+  ON DUPLICATE KEY UPDATE probed_at = CURRENT_TIMESTAMP(3);
+COMMIT`
+
+// ProbeWrites commits a write as a payment would, within ctx: nil when it
+// committed; an error wrapping ErrWritesStalled when ctx ended first (the
+// server answered nothing, or a lock or a stall held the write); any other
+// error as it came. instance keys the probe's own row (a host name: one row
+// per instance).
+func (s *Store) ProbeWrites(ctx context.Context, instance string) error {
+	if len(instance) > 64 {
+		instance = instance[:64]
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return probeErr(ctx, fmt.Errorf("connection: %w", err))
+	}
+	defer conn.Close()
+	var opErr error
+	rawErr := conn.Raw(func(dc any) error {
+		ex := dc.(driver.ExecerContext)
+		if _, err := ex.ExecContext(ctx, probeWrite, []driver.NamedValue{{Ordinal: 1, Value: instance}}); err != nil {
+			// A statement refused mid-way leaves the transaction open:
+			// roll it back, or discard the connection.
+			opErr = err
+			return rollbackOn(ctx, ex)
+		}
+		return nil
+	})
+	if opErr == nil {
+		opErr = rawErr
+	}
+	return probeErr(ctx, opErr)
+}
+
+// probeErr says a probe that ran out of time stalled.
+func probeErr(ctx context.Context, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("%w: no commit within the probe's bound: %w", ErrWritesStalled, err)
+	}
+	return fmt.Errorf("write probe: %w", err)
 }
