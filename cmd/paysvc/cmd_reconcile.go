@@ -81,13 +81,15 @@ func reconcileCmd(fs *flag.FlagSet) runFunc {
 			for _, p := range rep.Problems {
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%v\n", p.Kind, dash(p.BizNo), p.UserID, p.Detail, p.Fixed)
 			}
-			fmt.Fprintf(tw, "\n%d problems, %d duplicate groups already reversed\n", len(rep.Problems), rep.Reconciled)
+			fmt.Fprintf(tw, "\n%d findings about %d orders and %d accounts, %d duplicate groups already reversed\n",
+				len(rep.Problems), rep.Orders(), rep.Accounts(), rep.Reconciled)
 			if err := tw.Flush(); err != nil {
 				return err
 			}
 		}
 		if len(rep.Problems) > 0 {
-			return &exitError{code: exitProblems, err: fmt.Errorf("reconcile: %d problems found", len(rep.Problems))}
+			return &exitError{code: exitProblems, err: fmt.Errorf("reconcile: problems found with %d orders and %d accounts",
+				rep.Orders(), rep.Accounts())}
 		}
 		return nil
 	}

@@ -123,7 +123,7 @@ func New() *Metrics {
 			Name: "paysvc_outbox_oldest_pending_age_seconds",
 			Help: "Age of the oldest payment notice not yet published (0: none); the same in every replica, read from the database."}),
 		ReconcileProblems: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "paysvc_reconcile_problems", Help: "Problems the last scheduled reconciliation found."}),
+			Name: "paysvc_reconcile_problems", Help: "Orders and accounts the last scheduled reconciliation found problems with (an order once, however many checks it fails)."}),
 		ReconcileLastRun: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_reconcile_last_run_timestamp_seconds", Help: "When the last scheduled reconciliation finished (Unix time; 0: none yet)."}),
 		Held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
