@@ -114,7 +114,7 @@ func New() *Metrics {
 			Name: "paysvc_queue_oldest_message_age_seconds", Help: "Age of the oldest message in the main, wait and terminal queues (0 when empty; at most this old: measured without reading the queue)."},
 			[]string{"queue"}),
 		TerminalPending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "paysvc_terminal_pending", Help: "Terminal messages not dealt with: in q.pay.dlx.terminal plus NEW dead letters."}),
+			Name: "paysvc_terminal_pending", Help: "Terminal messages not dealt with: in q.pay.dlx.terminal and its overflow queue, in this process's parker's hands (taken, not yet parked), and NEW dead letters."}),
 		DeadLettersNew: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_dead_letters_new", Help: "Dead letters in status NEW."}),
 		OutboxPending: prometheus.NewGauge(prometheus.GaugeOpts{
