@@ -152,8 +152,8 @@ func TestCLIExitStatus(t *testing.T) {
 		{[]string{"reconcile", "--output", "yaml"}, 64, "",
 			"paysvc: reconcile: invalid value \"yaml\" for flag -output: want table or json\n\nusage: paysvc [--config FILE] reconcile"},
 		{[]string{"reconcile"}, 2, "balance_mismatch  -       81    balance 7.00, opening balance plus flows 10.00 (difference -3.00)  false",
-			"paysvc: reconcile: 1 problems found\n"},
-		{[]string{"reconcile", "--output", "json"}, 2, `      "kind": "balance_mismatch",`, "paysvc: reconcile: 1 problems found\n"},
+			"paysvc: reconcile: problems found with 0 orders and 1 accounts\n"},
+		{[]string{"reconcile", "--output", "json"}, 2, `      "kind": "balance_mismatch",`, "paysvc: reconcile: problems found with 0 orders and 1 accounts\n"},
 	} {
 		cmd := exec.Command(binary, tc.args...)
 		cmd.Env, cmd.Dir = w.env(), t.TempDir()
@@ -339,7 +339,7 @@ func TestCLIReconcileJSON(t *testing.T) {
 	}
 	// The table stays the default, with the same exit status.
 	out, err = w.cli("reconcile")
-	if !errors.As(err, &exit) || exit.code != exitProblems || !strings.Contains(out, "2 problems, 0 duplicate groups already reversed") {
+	if !errors.As(err, &exit) || exit.code != exitProblems || !strings.Contains(out, "2 findings about 1 orders and 1 accounts, 0 duplicate groups already reversed") {
 		t.Fatalf("reconcile: %v\n%s", err, out)
 	}
 

@@ -17,11 +17,14 @@ var reconcileCommands = []*cmdSpec{{
 	synopsis: "[--from T] [--to T] [--fix] [--output json]",
 	summary:  "check money rows, reverse duplicate charges; exit status 2 when it finds problems",
 	details: `Runs on legacy data too (before the unique index on flows exists).
-Exit status 2 when it finds problems, whatever the output format.
+Exit status 2 when it finds problems, whatever the output format. Every
+finding is listed; the table's last line counts the orders and accounts
+they are about, an order once however many checks it fails.
 
 --output json prints an object:
   problems: an array ([] when none) of {kind, order_no (null for a
-    balance), user_id, detail, fixed (a reversal was booked by this run)}
+    balance), user_id, detail, fixed (a reversal was booked by this run)},
+    every finding: one order may have several
   reconciled: duplicate groups already reversed by an earlier run`,
 	flags: reconcileCmd,
 }}
@@ -81,13 +84,15 @@ func reconcileCmd(fs *flag.FlagSet) runFunc {
 			for _, p := range rep.Problems {
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%v\n", p.Kind, dash(p.BizNo), p.UserID, p.Detail, p.Fixed)
 			}
-			fmt.Fprintf(tw, "\n%d problems, %d duplicate groups already reversed\n", len(rep.Problems), rep.Reconciled)
+			fmt.Fprintf(tw, "\n%d findings about %d orders and %d accounts, %d duplicate groups already reversed\n",
+				len(rep.Problems), rep.Orders(), rep.Accounts(), rep.Reconciled)
 			if err := tw.Flush(); err != nil {
 				return err
 			}
 		}
 		if len(rep.Problems) > 0 {
-			return &exitError{code: exitProblems, err: fmt.Errorf("reconcile: %d problems found", len(rep.Problems))}
+			return &exitError{code: exitProblems, err: fmt.Errorf("reconcile: problems found with %d orders and %d accounts",
+				rep.Orders(), rep.Accounts())}
 		}
 		return nil
 	}

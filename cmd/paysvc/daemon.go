@@ -235,13 +235,14 @@ func scheduledReconcile(ctx context.Context, cfg *Config, db *sqldb.DB, m *metri
 		if err != nil && ctx.Err() == nil {
 			log.Error("reconcile failed", zap.Error(err))
 		} else {
-			m.ReconcileProblems.Set(float64(len(rep.Problems)))
+			m.ReconcileProblems.Set(float64(rep.Orders() + rep.Accounts()))
 			m.ReconcileLastRun.SetToCurrentTime()
 			for _, p := range rep.Problems {
 				log.Warn("reconcile problem", zap.String("kind", p.Kind), zap.String("order_no", p.BizNo),
 					zap.Int64("user_id", p.UserID), zap.String("detail", p.Detail), zap.Bool("fixed", p.Fixed))
 			}
-			log.Info("reconcile done", zap.Int("problems", len(rep.Problems)), zap.Int("reconciled", rep.Reconciled))
+			log.Info("reconcile done", zap.Int("findings", len(rep.Problems)), zap.Int("orders", rep.Orders()),
+				zap.Int("accounts", rep.Accounts()), zap.Int("reconciled", rep.Reconciled))
 		}
 		if !broker.Sleep(ctx, cfg.Reconcile.Interval) {
 			return

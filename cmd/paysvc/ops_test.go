@@ -253,7 +253,7 @@ func TestReconcileCommandOnLegacyDuplicates(t *testing.T) {
 		t.Fatalf("reconcile --fix: %v\n%s", err, out)
 	}
 	out = w.mustCLI("reconcile", "--fix")
-	if !strings.Contains(out, "0 problems, 1 duplicate groups already reversed") {
+	if !strings.Contains(out, "0 findings about 0 orders and 0 accounts, 1 duplicate groups already reversed") {
 		t.Fatalf("second reconcile --fix:\n%s", out)
 	}
 	if w.count("SELECT COUNT(*) FROM t_account_flow") != 3 || w.count("SELECT COUNT(*) FROM t_account WHERE balance = 95.00") != 1 {
@@ -316,24 +316,28 @@ func resultsOf(logs string) map[string]int {
 }
 
 // Reconciliation on a schedule inside the daemon: a balance that disagrees
-// with its opening balance and flows is logged and counted in /metrics.
+// with its opening balance and flows, and a legacy order with a flow of
+// another amount and no CAS (two findings), are logged and counted in
+// /metrics once each.
 func TestScheduledReconcile(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (61, 7.00)")
 	w.db.MustExec("INSERT INTO t_account_opening (user_id, balance, as_of) VALUES (61, 10.00, '2020-01-01')")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount, status) VALUES ('SR1', 62, 5.00, 'INIT')")
+	w.db.MustExec("INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES (62, -6.00, 'SR1', 'PAY_DEDUCT')")
 	addr, logs := w.daemonInProcess("PAYSVC_RECONCILE_INTERVAL=1s")
 	testenv.Eventually(t, 20*time.Second, func() bool {
-		return strings.Contains(logs.String(), `"kind":"balance_mismatch"`)
-	}, "the scheduled reconciliation did not report the balance")
+		return strings.Contains(logs.String(), `"findings":3,"orders":1,"accounts":1`)
+	}, "the scheduled reconciliation did not report the balance and the order's two findings")
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(body), "paysvc_reconcile_problems 1") {
-		t.Fatal("paysvc_reconcile_problems is not 1")
+	if !strings.Contains(string(body), "paysvc_reconcile_problems 2\n") {
+		t.Fatal("paysvc_reconcile_problems is not 2 (an account and an order)")
 	}
 }
 

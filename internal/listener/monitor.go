@@ -50,8 +50,9 @@ type Monitor struct {
 	Redis interface {
 		Server(ctx context.Context) (string, error)
 	}
-	// Parker tells whether this process's parker holds a terminal message
-	// it cannot park yet (unacked: no queue depth counts it); nil: none.
+	// Parker tells how many terminal messages this process's parker holds
+	// and has not parked yet (unacked: no queue depth counts them); nil:
+	// none.
 	Parker interface{ Holding() int }
 
 	conn    *amqp.Connection
@@ -140,7 +141,8 @@ func (m *Monitor) Poll(ctx context.Context) error {
 	if dbErr != nil {
 		// The queues are measured; the dead letters are as last seen.
 		// Messages parked nowhere while the database is down stay in the
-		// terminal queue or in the parker's hands, and must count.
+		// terminal and overflow queues or in the parker's hands, and must
+		// count.
 		m.Metrics.TerminalPending.Set(float64(depths[TerminalQueue] + depths[OverflowQueue] + held + m.lastNew))
 		return dbErr
 	}

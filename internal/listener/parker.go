@@ -42,13 +42,15 @@ type Parker struct {
 	// through a database outage.
 	ConsumerTimeout time.Duration
 
-	holding atomic.Int32 // 1 while a message waits for the database
+	inHand atomic.Int32 // messages taken from the queues, not yet parked nor given back
 }
 
-// Holding is 1 while the parker holds a terminal message it cannot park
-// yet (the database is down or slow), else 0. Such a message is unacked,
-// so a queue's depth does not count it; nor the few prefetched behind it.
-func (p *Parker) Holding() int { return int(p.holding.Load()) }
+// Holding is how many terminal messages the parker has taken from its
+// queues and not parked yet: the one it is parking (held for as long as
+// the database is down or slow) and the one the other queue sent it
+// meanwhile (parkerPrefetch each). They are unacked, so no queue's depth
+// counts them; 0 once they are parked or given back to their queues.
+func (p *Parker) Holding() int { return int(p.inHand.Load()) }
 
 // DefaultParkTimeout bounds one parking's database writes.
 const DefaultParkTimeout = 10 * time.Second
@@ -60,8 +62,9 @@ const parkerMaxBackoff = 15 * time.Second
 // parkerPrefetch is how many messages of each queue (terminal, overflow)
 // the broker may send the parker ahead of its acks. One: terminal messages
 // are few and parked one at a time, and while the database is down the
-// parker holds the one it tries (Holding) while the rest stay ready in the
-// queue, where paysvc_terminal_pending counts them.
+// parker holds the one it tries and at most one of the other queue's
+// (Holding), and the rest stay ready in the queues: paysvc_terminal_pending
+// counts both.
 const parkerPrefetch = 1
 
 // ClassUnparkable is the class of a terminal message the table refused as
@@ -115,8 +118,15 @@ func (p *Parker) session(ctx context.Context) error {
 		return err
 	}
 	mctx, stop := context.WithCancel(ctx)
-	defer stop() // merge's goroutines end with the session
-	deliveries := merge(mctx, terminal, overflow)
+	deliveries := merge(mctx, &p.inHand, terminal, overflow)
+	defer func() {
+		// merge's goroutines end with the session; what they took and
+		// did not hand on goes back to its queue as the channel closes.
+		stop()
+		for range deliveries {
+			p.inHand.Add(-1)
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -127,9 +137,6 @@ func (p *Parker) session(ctx context.Context) error {
 			}
 			parked := parkedFrom(d, time.Now())
 			id, becameNew, err := p.park(ctx, parked)
-			if err != nil {
-				p.holding.Store(1)
-			}
 			for bo := (broker.Backoff{Max: parkerMaxBackoff}); err != nil; {
 				// The database is unreachable or slow: hold the message and
 				// try again (returned, it would count toward the terminal
@@ -139,12 +146,12 @@ func (p *Parker) session(ctx context.Context) error {
 				p.Log.Warn("parker: cannot park; holding the message and trying again", zap.String("order_no", parked.OrderNo),
 					zap.String("trace_id", parked.TraceID), zap.Error(err), zap.Duration("backoff", wait))
 				if !broker.Sleep(ctx, wait) {
-					p.holding.Store(0) // the closing channel gives it back
+					p.inHand.Add(-1) // the closing channel gives it back
 					return nil
 				}
 				id, becameNew, err = p.park(ctx, parked)
 			}
-			p.holding.Store(0)
+			p.inHand.Add(-1) // its row counts now
 			if err := d.Ack(false); err != nil {
 				// The row is committed; the redelivered message matches its
 				// fingerprint and changes nothing.
@@ -319,9 +326,10 @@ func declareTerminal(ch *amqp.Channel, limit int) error {
 // either is closed (the channel ended, or the broker cancelled that
 // consumer: a deleted queue) or ctx ends, so that the session ends and the
 // next one declares and consumes both queues again, instead of going on
-// with one. A delivery taken but not handed on is unacked: it goes back to
-// its queue as the channel closes.
-func merge(ctx context.Context, a, b <-chan amqp.Delivery) <-chan amqp.Delivery {
+// with one. inHand counts each delivery from the moment merge takes it;
+// one taken but not handed on is unacked: it goes back to its queue as the
+// channel closes, and merge takes it off inHand.
+func merge(ctx context.Context, inHand *atomic.Int32, a, b <-chan amqp.Delivery) <-chan amqp.Delivery {
 	out := make(chan amqp.Delivery)
 	stop := make(chan struct{})
 	var once sync.Once
@@ -335,11 +343,14 @@ func merge(ctx context.Context, a, b <-chan amqp.Delivery) <-chan amqp.Delivery 
 					if !ok {
 						return
 					}
+					inHand.Add(1)
 					select {
 					case out <- d:
 					case <-stop:
+						inHand.Add(-1)
 						return
 					case <-ctx.Done():
+						inHand.Add(-1)
 						return
 					}
 				case <-stop:

@@ -18,6 +18,7 @@ import (
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/outbox"
+	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/testenv"
 )
 
@@ -354,5 +355,84 @@ func TestTerminalPendingCountsTheQueueWithoutTheDatabase(t *testing.T) {
 	mon.Poll(context.Background())
 	if got := testutil.ToFloat64(m.TerminalPending); got != 3 {
 		t.Fatalf("paysvc_terminal_pending %v with the parker holding one, want 3 (1 dead letter, 1 queued, 1 held)", got)
+	}
+}
+
+// The parker takes a message of each of its queues (parkerPrefetch per
+// consumer): through a database outage it holds the one it tries to park,
+// and the other queue's waits in its hands behind it. Both are unacked, in
+// no queue's depth, and paysvc_terminal_pending counts them, whichever
+// queue they came from; each once when the parker stops (back in their
+// queues) and once parked (NEW dead letters).
+func TestTerminalPendingCountsWhatTheParkerHolds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if err := listener.DeclareTopology(e.channel(), listener.Topology{Delays: e.delays}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	proxy, proxied := testenv.MySQLProxy(t, e.dsn)
+	db, err := sqldb.Open(ctx, proxied, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	store := deadletter.NewStore(db)
+	m := metrics.New()
+	mon := &listener.Monitor{URL: e.amqpURL, Name: t.Name(), Delays: e.delays, Store: store, DB: db, Metrics: m, Log: zap.NewNop()}
+	startParker := func() (*listener.Parker, func()) {
+		p := &listener.Parker{URL: e.amqpURL, Name: t.Name(), Store: store, Log: e.log, Timeout: time.Second}
+		mon.Parker = p
+		pctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); p.Run(pctx) }()
+		stop := func() { cancel(); <-done }
+		t.Cleanup(stop)
+		return p, stop
+	}
+	pending := func(wantDBErr bool) float64 {
+		t.Helper()
+		if err := mon.Poll(ctx); (err != nil) != wantDBErr {
+			t.Fatalf("Poll: %v; want an error %v", err, wantDBErr)
+		}
+		return testutil.ToFloat64(m.TerminalPending)
+	}
+
+	proxy.Down()
+	testenv.Publish(t, e.amqpURL, listener.TerminalQueue, []byte(`{"orderNo":"PH1","userId":1,"amount":"1.00"}`))
+	testenv.Publish(t, e.amqpURL, listener.OverflowQueue, []byte(`{"orderNo":"PH2","userId":1,"amount":"1.00"}`))
+	if got := pending(true); got != 2 {
+		t.Fatalf("paysvc_terminal_pending %v with a message in each queue, want 2", got)
+	}
+	parker, stop := startParker()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return e.depth(listener.TerminalQueue) == 0 && e.depth(listener.OverflowQueue) == 0 &&
+			len(e.logs.FilterMessage("parker: cannot park; holding the message and trying again").All()) > 0
+	}, "the parker did not take both messages and hold one through the outage")
+	if got := pending(true); got != 2 {
+		t.Fatalf("paysvc_terminal_pending %v with the parker holding a terminal and an overflow message, want 2 (parker says %d)",
+			got, parker.Holding())
+	}
+
+	stop() // the messages in hand go back to their queues
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return e.depth(listener.TerminalQueue) == 1 && e.depth(listener.OverflowQueue) == 1
+	}, "the messages in the stopped parker's hands are not back in their queues")
+	if got := pending(true); got != 2 {
+		t.Fatalf("paysvc_terminal_pending %v with the parker stopped and both messages queued, want 2 (parker says %d)",
+			got, parker.Holding())
+	}
+
+	proxy.Up()
+	parker, _ = startParker()
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		var n int
+		return e.db.Get(&n, "SELECT COUNT(*) FROM t_dead_letter WHERE status = 'NEW'") == nil && n == 2
+	}, "the messages were not parked once the database came back")
+	testenv.Eventually(t, 5*time.Second, func() bool { return parker.Holding() == 0 },
+		"the parker still counts messages it has parked as in its hands")
+	if got := pending(false); got != 2 {
+		t.Fatalf("paysvc_terminal_pending %v with both messages parked, want 2 NEW dead letters (parker says %d)",
+			got, parker.Holding())
 	}
 }

@@ -119,7 +119,7 @@ func New() *Metrics {
 			Name: "paysvc_queue_oldest_message_age_seconds", Help: "Age of the oldest message in the main, wait and terminal queues (0 when empty; at most this old: measured without reading the queue)."},
 			[]string{"queue"}),
 		TerminalPending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "paysvc_terminal_pending", Help: "Terminal messages not dealt with: in q.pay.dlx.terminal plus NEW dead letters."}),
+			Name: "paysvc_terminal_pending", Help: "Terminal messages not dealt with: in q.pay.dlx.terminal and its overflow queue, in this process's parker's hands (taken, not yet parked), and NEW dead letters."}),
 		DeadLettersNew: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_dead_letters_new", Help: "Dead letters in status NEW."}),
 		OutboxPending: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -128,7 +128,7 @@ func New() *Metrics {
 			Name: "paysvc_outbox_oldest_pending_age_seconds",
 			Help: "Age of the oldest payment notice not yet published (0: none); the same in every replica, read from the database."}),
 		ReconcileProblems: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "paysvc_reconcile_problems", Help: "Problems the last scheduled reconciliation found."}),
+			Name: "paysvc_reconcile_problems", Help: "Orders and accounts the last scheduled reconciliation found problems with (an order once, however many checks it fails)."}),
 		ReconcileLastRun: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_reconcile_last_run_timestamp_seconds", Help: "When the last scheduled reconciliation finished (Unix time; 0: none yet)."}),
 		Held: prometheus.NewGaugeVec(prometheus.GaugeOpts{

@@ -38,8 +38,35 @@ type Problem struct {
 
 // Report is what a run found.
 type Report struct {
-	Problems   []Problem
-	Reconciled int // duplicate groups already reversed by an earlier run
+	Problems   []Problem // every finding: one order may fail several checks
+	Reconciled int       // duplicate groups already reversed by an earlier run
+}
+
+// Orders is how many orders the findings are about, each once however many
+// findings it has: the checks overlap on legacy data (duplicate flows of a
+// missing order are a duplicate_flow and a flow_without_payment per flow; a
+// flow of the wrong amount on an INIT order, flow_without_payment and
+// flow_mismatch).
+func (r Report) Orders() int {
+	orders := map[string]bool{}
+	for _, p := range r.Problems {
+		if p.Kind != BalanceMismatch {
+			orders[p.BizNo] = true
+		}
+	}
+	return len(orders)
+}
+
+// Accounts is how many accounts' balances disagree with their opening
+// balance and flows (one finding each).
+func (r Report) Accounts() int {
+	n := 0
+	for _, p := range r.Problems {
+		if p.Kind == BalanceMismatch {
+			n++
+		}
+	}
+	return n
 }
 
 // Options bound a run.

@@ -234,3 +234,44 @@ func untouchedButZDUP(t *testing.T, db *sqlx.DB) {
 		t.Fatalf("balances 3: %s, 7: %s, 8: %s; want 100.00 and 90.00 untouched, 60.00 after ZDUP's reversal", b3, b7, b8)
 	}
 }
+
+// One legacy order fails several checks, and each finding is reported, but
+// the order counts once: three flows of a missing order, an INIT order with
+// a flow of another amount (paid without its CAS), a PAID order charged
+// twice at a wrong amount. An account whose balance disagrees counts apart.
+func TestReconcileCountsEachOrderOnce(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	db.MustExec("ALTER TABLE t_account_flow DROP INDEX uk_biz_no_type")
+	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 50.00), (2, 100.00)")
+	db.MustExec("INSERT INTO t_account_opening (user_id, balance, as_of) VALUES (1, 60.00, '2020-01-01')")
+	db.MustExec(`INSERT INTO t_order (order_no, user_id, amount, status) VALUES
+		('NOCAS', 2, 5.00, 'INIT'), ('MISDUP', 2, 7.00, 'PAID'), ('NOFLOW', 2, 3.00, 'PAID')`)
+	db.MustExec(`INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES
+		(2, -2.00, 'GONE', 'PAY_DEDUCT'), (2, -2.00, 'GONE', 'PAY_DEDUCT'), (2, -2.00, 'GONE', 'PAY_DEDUCT'),
+		(2, -6.00, 'NOCAS', 'PAY_DEDUCT'),
+		(2, -7.01, 'MISDUP', 'PAY_DEDUCT'), (2, -7.01, 'MISDUP', 'PAY_DEDUCT')`)
+
+	rep, err := reconcile.Run(context.Background(), db, reconcile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, p := range rep.Problems {
+		got[p.Kind+" "+p.BizNo]++
+	}
+	want := map[string]int{
+		"duplicate_flow GONE": 1, "flow_without_payment GONE": 3,
+		"flow_without_payment NOCAS": 1, "flow_mismatch NOCAS": 1,
+		"duplicate_flow MISDUP": 1, "flow_mismatch MISDUP": 2,
+		"paid_without_flow NOFLOW": 1,
+		"balance_mismatch ":        1,
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("findings %v, want %v (every finding about each order)", got, want)
+	}
+	if rep.Orders() != 4 || rep.Accounts() != 1 {
+		t.Fatalf("%d findings counted as %d orders and %d accounts, want 4 orders (GONE, NOCAS, MISDUP, NOFLOW) and 1 account",
+			len(rep.Problems), rep.Orders(), rep.Accounts())
+	}
+}
