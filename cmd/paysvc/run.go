@@ -55,7 +55,7 @@ func openMySQL(ctx context.Context, cfg *Config, log *zap.Logger) (*sqldb.DB, er
 		return nil, err
 	}
 	opts := sqldb.Options{MaxOpen: cfg.MySQL.MaxOpenConns,
-		LockWait: cfg.MySQL.LockWaitTimeout, IdleTransaction: cfg.MySQL.IdleTransactionTimeout}
+		LockWait: cfg.MySQL.LockWaitTimeout, IdleTransaction: cfg.MySQL.IdleTransactionTimeout, Log: log}
 	for {
 		db, err := sqldb.OpenWith(ctx, dsn, opts)
 		var settings *sqldb.SettingsError

@@ -3,17 +3,27 @@ package sqldb
 import (
 	"context"
 	"database/sql/driver"
+	"time"
+
+	"go.uber.org/zap"
 )
 
 // ArmAndDisarm opens a connection through the killing connector, arms its
 // kill for ctx and disarms it at once, as a statement that returned does;
 // it returns the connection's id on the server (the connection stays open).
 func ArmAndDisarm(ctx context.Context, c driver.Connector) (uint64, error) {
-	conn, err := killingConnector{c}.Connect(context.Background())
+	conn, err := killingConnector{Connector: c, log: zap.NewNop(), timeout: killTimeout}.Connect(context.Background())
 	if err != nil {
 		return 0, err
 	}
 	kc := conn.(*killingConn)
 	kc.watch(ctx)()
-	return kc.id, nil
+	return kc.thread.id, nil
+}
+
+// WithKillTimeout is opts with the kill of a cancelled statement given up
+// after d instead of killTimeout.
+func WithKillTimeout(opts Options, d time.Duration) Options {
+	opts.killTimeout = d
+	return opts
 }

@@ -113,11 +113,12 @@ func processlist(t *testing.T, db *sqlx.DB, marker string) string {
 }
 
 // A statement whose context ends is killed on the server at once, instead
-// of waiting out its lock (here 30 s) while the driver has hung up.
+// of waiting out its lock (here 30 s) while the driver has hung up, and its
+// transaction rolls back and lets go of its locks.
 func TestCancelledStatementIsKilledOnTheServer(t *testing.T) {
 	t.Parallel()
 	dsn, db := testenv.MySQL(t)
-	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 10.00)")
+	db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (1, 10.00), (2, 10.00)")
 	holder := db.MustBegin()
 	defer holder.Rollback()
 	holder.MustExec("SELECT balance FROM t_account WHERE user_id = 1 FOR UPDATE")
@@ -129,19 +130,29 @@ func TestCancelledStatementIsKilledOnTheServer(t *testing.T) {
 	defer pool.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	_, err = pool.ExecContext(ctx, "UPDATE t_account SET balance = balance - 1 /* kill-me */ WHERE user_id = 1")
+	err = sqldb.InTx(ctx, pool, func(tx *sqldb.Tx) error {
+		if _, err := tx.ExecContext(ctx, "UPDATE t_account SET balance = 0.00 WHERE user_id = 2"); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, "UPDATE t_account SET balance = balance - 1 /* kill-me */ WHERE user_id = 1")
+		return err
+	})
 	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("update = %v, want the context's deadline", err)
+		t.Fatalf("transaction = %v, want the context's deadline", err)
 	}
 	for deadline := time.Now().Add(10 * time.Second); processlistHas(t, db, "kill-me"); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("after 10s the cancelled statement still runs on the server: %s", processlist(t, db, "kill-me"))
 		}
 	}
-	// The pool still works: the killed connection was not reused.
-	var one int
-	if err := pool.Get(&one, "SELECT 1"); err != nil || one != 1 {
-		t.Fatalf("pool after a kill: %d %v", one, err)
+	// The transaction rolled back and let go of its locks: the row it
+	// changed before it waited can be locked at once and is unchanged.
+	tx := db.MustBegin()
+	defer tx.Rollback()
+	tx.MustExec("SET SESSION innodb_lock_wait_timeout = 1")
+	var bal string
+	if err := tx.Get(&bal, "SELECT balance FROM t_account WHERE user_id = 2 FOR UPDATE"); err != nil || bal != "10.00" {
+		t.Fatalf("row of the killed transaction: %q %v, want 10.00, free", bal, err)
 	}
 }
 
@@ -229,4 +240,44 @@ func TestDisarmAfterTheContextEndedStillKills(t *testing.T) {
 		var n int
 		return db.Get(&n, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?", id) == nil && n == 0
 	}, "the connection whose context ended before its kill started was not killed")
+}
+
+// A connection whose kill has started is never handed out again, even when
+// the driver keeps it open (its statement returned as its context ended):
+// the KILL would end the next caller's statement. The KILL is black-holed
+// here, so only sqldb can keep the pool from handing the connection out.
+func TestKilledConnectionIsNotReused(t *testing.T) {
+	t.Parallel()
+	dsn, _ := testenv.MySQL(t)
+	proxy, proxied := testenv.MySQLProxy(t, dsn)
+	proxy.BlackholeWhen(testenv.IsCommitOrKill)
+	pool, err := sqldb.OpenWith(context.Background(), proxied, sqldb.Options{MaxOpen: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	conn, err := pool.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var killed int64
+	if err := conn.QueryRowContext(context.Background(), "SELECT CONNECTION_ID()").Scan(&killed); err != nil {
+		t.Fatal(err)
+	}
+	live, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := conn.ExecContext(endedCtx{live}, "DO 1"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("statement = %v, want the context's deadline", err)
+	}
+	conn.Close()
+	// A pinned connection: database/sql cannot quietly retry a bad one.
+	next, err := pool.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	var id int64
+	if err := next.QueryRowContext(context.Background(), "SELECT CONNECTION_ID()").Scan(&id); err != nil || id == killed {
+		t.Fatalf("the pool's next connection: thread %d, %v; want a fresh one, not thread %d under its kill", id, err, killed)
+	}
 }

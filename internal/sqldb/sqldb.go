@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
+	"go.uber.org/zap"
 )
 
 // ErrCommitUnknown wraps an error returned by COMMIT: the transaction may or
@@ -40,6 +41,11 @@ type Options struct {
 	// which has none, wait_timeout (idle pooled connections are retired
 	// before it).
 	IdleTransaction time.Duration
+	// Log receives what the pool's background work cannot return: a
+	// cancelled statement that could not be killed (nil: not logged).
+	Log *zap.Logger
+
+	killTimeout time.Duration // 0: killTimeout; tests shorten it
 }
 
 // Defaults for Options.
@@ -110,7 +116,8 @@ func OpenWith(ctx context.Context, dsn string, opts Options) (*sqlx.DB, error) {
 	if err != nil {
 		return nil, &SettingsError{fmt.Errorf("mysql dsn: %w", err)}
 	}
-	db := sqlx.NewDb(sql.OpenDB(killingConnector{connector}), "mysql")
+	db := sqlx.NewDb(sql.OpenDB(killingConnector{Connector: connector,
+		log: cmp.Or(opts.Log, zap.NewNop()), timeout: cmp.Or(opts.killTimeout, killTimeout)}), "mysql")
 	db.SetMaxOpenConns(opts.MaxOpen)
 	db.SetMaxIdleConns(opts.MaxOpen)
 	db.SetConnMaxLifetime(30 * time.Minute)

@@ -13,18 +13,21 @@ import (
 
 // Proxy is a TCP proxy on loopback in front of a real server, so a test can
 // take the server away from one client (Down) and give it back (Up) without
-// touching the shared server.
+// touching the shared server, or send new connections to another server
+// (SetTarget), as a load balancer does.
 type Proxy struct {
-	t      testing.TB
-	target string
-	addr   string
+	t    testing.TB
+	addr string
 
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
-	hole  func(toServer []byte) bool
-	after bool // forward the matching chunk before the black hole
-	cut   bool // close the connection instead of black-holing it
+	mu     sync.Mutex
+	target string
+	ln     net.Listener
+	conns  map[net.Conn]struct{}
+	hole   func(toServer []byte) bool
+	after  bool // forward the matching chunk before the black hole
+	cut    bool // close the connection instead of black-holing it
+
+	query, with []byte // ReplaceQuery
 }
 
 // BlackholeWhen makes the proxy black-hole a connection as soon as a chunk
@@ -54,6 +57,35 @@ func (p *Proxy) CutWhen(match func(toServer []byte) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.hole, p.after, p.cut = match, false, true
+}
+
+// SetTarget sends the connections made from now on to target; those made
+// before stay where they are.
+func (p *Proxy) SetTarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+}
+
+// ReplaceQuery makes the proxy send the statement with in place of a MySQL
+// COM_QUERY whose statement is exactly query, so that the client gets the
+// server's answer to another statement, as from a proxy that answers some
+// statements itself (ProxySQL answers SELECT CONNECTION_ID() with an id of
+// its own).
+func (p *Proxy) ReplaceQuery(query, with string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.query, p.with = []byte(query), []byte(with)
+}
+
+// replace is chunk with its statement replaced (ReplaceQuery) if it is one
+// COM_QUERY packet carrying exactly query.
+func replace(chunk, query, with []byte) []byte {
+	if query == nil || len(chunk) != 5+len(query) || chunk[4] != 3 || !bytes.Equal(chunk[5:], query) {
+		return chunk
+	}
+	n := 1 + len(with)
+	return append([]byte{byte(n), byte(n >> 8), byte(n >> 16), chunk[3], 3}, with...)
 }
 
 // NewProxy listens on a free loopback port and forwards to target.
@@ -131,7 +163,10 @@ func (p *Proxy) pipe(client net.Conn) {
 	if !p.track(client) {
 		return
 	}
-	server, err := net.Dial("tcp", p.target)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	server, err := net.Dial("tcp", target)
 	if err != nil {
 		client.Close()
 		return
@@ -161,11 +196,13 @@ func (p *Proxy) copy(dst, src net.Conn, holed *atomic.Bool, fromClient bool) {
 		n, err := src.Read(buf)
 		if n > 0 && !holed.Load() {
 			forward := true
+			chunk := buf[:n]
 			if fromClient {
 				p.mu.Lock()
 				hole, after, cut := p.hole, p.after, p.cut
+				chunk = replace(chunk, p.query, p.with)
 				p.mu.Unlock()
-				if hole != nil && hole(buf[:n]) {
+				if hole != nil && hole(chunk) {
 					if cut {
 						return // pipe closes both sides
 					}
@@ -174,7 +211,7 @@ func (p *Proxy) copy(dst, src net.Conn, holed *atomic.Bool, fromClient bool) {
 				}
 			}
 			if forward {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
+				if _, werr := dst.Write(chunk); werr != nil {
 					return
 				}
 			}
