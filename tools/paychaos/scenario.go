@@ -296,6 +296,32 @@ var scenarios = []scenario{
 			return 1, nil
 		},
 		verify: atLeast(1, "lock-wait or timeout outcomes", either(class("lock_wait_timeout"), class("timeout")))},
+	{name: "mysql-write-stall", faults: "LOCK TABLES t_account WRITE held 8s: reads answer, no payment commits (5x the handling timeout)",
+		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
+			if !at(ctx, 200*time.Millisecond) {
+				return 0, nil
+			}
+			conn, err := w.db.Conn(ctx)
+			if err != nil {
+				return 0, err
+			}
+			defer conn.Close()
+			if _, err := conn.ExecContext(ctx, "LOCK TABLES t_account WRITE"); err != nil {
+				return 0, err
+			}
+			defer conn.ExecContext(context.Background(), "UNLOCK TABLES")
+			at(ctx, 8*time.Second)
+			return 1, nil
+		},
+		verify: all(
+			atLeast(1, "pauses for a write stall", func(e entry) bool {
+				return (e.str("msg") == "consumption paused; waiting for the dependency" ||
+					e.str("msg") == "consumption still paused, for another reason") && e.str("reason") == "mysql_writes_stalled"
+			}),
+			atMost(0, "attempts spent on timeouts", func(e entry) bool {
+				return e.str("msg") == "message handled" && e.str("error_class") == "timeout" &&
+					(e.str("result") == "RETRY" || e.str("result") == "TERMINAL")
+			}))},
 	{name: "mysql-blackholed", faults: "MySQL traffic black-holed 4s (no FIN, no reset)",
 		inject: withToxic(nil, "timeout", "upstream", `{"timeout":0}`, 200*time.Millisecond, 4*time.Second),
 		verify: atLeast(1, "pauses or requeues", either(msg("consumption paused; waiting for the dependency"),
