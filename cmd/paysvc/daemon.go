@@ -143,6 +143,9 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 			}
 		}}
 	wg.Go(func() { parker.Run(helpers) })
+	mover := &listener.Mover{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Delays: cfg.Retry.Delays, Log: log, Metrics: m,
+		PublishTimeout: publishTimeout, ConsumerTimeout: cfg.AMQP.ConsumerTimeout, Ledger: guard.Retries()}
+	wg.Go(func() { mover.Run(helpers) })
 	if cfg.Alert.WebhookURL != "" {
 		alerter := &deadletter.Alerter{Store: deadLetters, URL: cfg.Alert.WebhookURL, Log: log,
 			Client: &http.Client{Timeout: alertTimeout}, Interval: alertInterval, Wake: wake,
@@ -152,7 +155,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	wg.Go(func() { dispatcher.Run(helpers) })
 	monitor := &listener.Monitor{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Delays: cfg.Retry.Delays, Store: deadLetters,
 		DB: db, Metrics: m, Interval: cfg.Metrics.QueueInterval, Log: log, Consumer: consumer, Redis: guard,
-		Parker: parker}
+		Parker: parker, Retries: guard.Retries()}
 	wg.Go(func() { monitor.Run(helpers) })
 	if cfg.Reconcile.Interval > 0 {
 		wg.Go(func() { scheduledReconcile(helpers, cfg, db, m, log) })
