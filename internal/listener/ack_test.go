@@ -120,7 +120,7 @@ func TestCoalescerSettlesEachDeliveryAsItsWorkerSaid(t *testing.T) {
 	}
 	b.mu.Unlock()
 	c.Ack(500, false)
-	c.Reject(1500, false)
+	c.Nack(1500, false, false)
 	c.Close()
 	if err := c.Ack(1, false); err == nil {
 		t.Error("Ack after Close: nil, want an error")
