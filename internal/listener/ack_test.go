@@ -175,17 +175,6 @@ func TestCoalescerWritesALoneAckAfterTheDelay(t *testing.T) {
 	}
 }
 
-// A session's end cancels the consumer before the workers holding
-// messages let go of them (TestStopWhileHoldingReturnsOnce runs the whole
-// path; RabbitMQ 3.10 does not show the race this order closes).
-func TestStopIntakeCancelsBeforeReleasing(t *testing.T) {
-	var order []string
-	stopIntake(func() { order = append(order, "cancel") }, func() { order = append(order, "release") })
-	if fmt.Sprint(order) != "[cancel release]" {
-		t.Fatalf("teardown order %v, want the cancel before the release", order)
-	}
-}
-
 // countAcks counts the frames of a channel whose deliveries are all
 // outstanding (no check: the ledger's size is what is measured).
 type countAcks struct{ single, multiple int }
