@@ -145,19 +145,6 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Status reads an order's status; ErrNotFound if there is no such order.
-func (s *Store) Status(ctx context.Context, orderNo string) (Status, error) {
-	var st Status
-	err := s.db.GetContext(ctx, &st, "SELECT status FROM t_order WHERE order_no = ?", orderNo)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", fmt.Errorf("order %s: %w", orderNo, ErrNotFound)
-	}
-	if err != nil {
-		return "", fmt.Errorf("order %s: read status: %w", orderNo, err)
-	}
-	return st, nil
-}
-
 // NoticeTrace returns the traceparent the payment-success notice of
 // orderNo was written with: the trace of the message that paid it.
 func (s *Store) NoticeTrace(ctx context.Context, orderNo string) (string, error) {
