@@ -219,7 +219,10 @@ func (m *Mover) clock() time.Time {
 	return time.Now()
 }
 
-type gauge interface{ Inc(); Dec() }
+type gauge interface {
+	Inc()
+	Dec()
+}
 
 type noGauge struct{}
 
