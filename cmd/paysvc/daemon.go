@@ -77,6 +77,17 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	name := fmt.Sprintf("paysvc %s %s/%d", version, host, os.Getpid())
 	orders := order.NewStore(db)
 	orders.OnRetry = func(error) { m.TxRetries.Inc() }
+	// A row another transaction holds locked: its payments wait alone, one
+	// per account at a time, and no group waits for it (order.Grouper).
+	orders.OnHeld = m.HeldLocked.Inc
+	orders.OnLocked = func(userID int64, orderNo string) {
+		if orderNo != "" {
+			log.Warn("order row found locked by another transaction: its payment runs alone", zap.String("order_no", orderNo))
+			return
+		}
+		log.Warn("account row found locked by another transaction: its payments wait alone, one at a time",
+			zap.Int64("user_id", userID))
+	}
 	// The notices of the payments this process commits are born leased to
 	// it and handed straight to its dispatcher: no poll, no lease update.
 	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, TLS: amqpTLS, Name: name, Log: log,

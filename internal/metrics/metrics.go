@@ -20,6 +20,7 @@ type Metrics struct {
 	Duration           prometheus.Histogram
 	GroupSize          prometheus.Histogram
 	TxRetries          prometheus.Counter
+	HeldLocked         prometheus.Counter
 	Disagreements      *prometheus.CounterVec // kind: redis_new_db_applied, redis_done_db_unpaid
 	Degraded           prometheus.Gauge
 	Ready              prometheus.Gauge
@@ -88,6 +89,9 @@ func New() *Metrics {
 		TxRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paysvc_tx_retries_total",
 			Help: "Payment transactions (single or grouped) run again after a deadlock or a lost connection."}),
+		HeldLocked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paysvc_pay_held_locked_total",
+			Help: "Payments kept out of grouped transactions because their account or order row was found locked by another transaction (each waited alone, one per account at a time, or was answered at once as a lock wait timeout)."}),
 		Disagreements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paysvc_guard_disagreements_total",
 			Help: "Times Redis and the database disagreed: redis_new_db_applied (Redis said new, the database had applied it), redis_done_db_unpaid, redis_foreign_db_unpaid (a value paysvc does not write at the key, a hand-written consumer's; the database decided)."},
@@ -155,7 +159,7 @@ func New() *Metrics {
 			Help: "1 while the broker blocks a connection paysvc publishes on (a memory or disk alarm): consumer (retry and terminal copies; the messages that need one are held), outbox (notices)."},
 			[]string{"component"}),
 	}
-	m.own = []prometheus.Collector{m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
+	m.own = []prometheus.Collector{m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.HeldLocked, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
 		m.Pauses, m.Failovers, m.Paused, m.PauseReason, m.RequeuedAlone, m.RetryCopiesMoved, m.RetryCopiesHeld, m.RetryCopiesOverdue, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.OutboxOldestAge, m.ReconcileProblems,
 		m.ReconcileLastRun, m.AlertFailures, m.Held, m.DeadLettersClass, m.BrokerBlocked}

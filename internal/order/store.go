@@ -44,6 +44,14 @@ type Store struct {
 	// both before use, or neither.
 	NoticeLease time.Duration
 	OnCommitted func(orderNos []string)
+	// OnHeld, if set, is told each payment a Grouper keeps out of its
+	// groups because its account or order row was found locked by another
+	// transaction (it waits alone, or is answered ErrAccountLocked), and
+	// OnLocked each such row when first found locked: a user's account
+	// (orderNo "") once a payment run alone waited it out, or an order
+	// (userID 0). Set them before use.
+	OnHeld   func()
+	OnLocked func(userID int64, orderNo string)
 }
 
 // NewStore returns a Store over db.
@@ -89,6 +97,18 @@ func (s *Store) Pay(ctx context.Context, p Payment) error {
 func (s *Store) retried(err error) {
 	if s.OnRetry != nil {
 		s.OnRetry(err)
+	}
+}
+
+func (s *Store) heldOut() {
+	if s.OnHeld != nil {
+		s.OnHeld()
+	}
+}
+
+func (s *Store) locked(userID int64, orderNo string) {
+	if s.OnLocked != nil {
+		s.OnLocked(userID, orderNo)
 	}
 }
 
