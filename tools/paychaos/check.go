@@ -6,14 +6,15 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/money"
+	"github.com/paysvc/paysvc/internal/sandbox"
 )
 
 // settled reports whether every expected end state is reached: payable
@@ -165,27 +166,44 @@ func (w *world) queues() []string {
 	return qs
 }
 
-// depths reads the ready messages of every paysvc queue.
+// depths reads every paysvc queue's messages as rabbitmqctl list_queues
+// counts them: ready, unacked (a copy paysvc's mover holds until due, a
+// message in a worker's hands) and any a quorum queue keeps for its
+// dead-letter worker. queue.declare counts the ready ones alone, and a
+// scenario whose copies wait in the movers' hands would look settled.
 func (w *world) depths() (map[string]int, error) {
-	conn, err := broker.Dial(w.amqpURL, "paychaos", nil)
+	args := []string{"list_queues", "-p", w.vhost, "--no-table-headers", "name", "messages"}
+	var out string
+	err := errors.New("no broker node answers")
+	if c := w.cluster; c != nil {
+		for _, n := range c.alive() {
+			if out, err = c.ctlOutput(n, args...); err == nil {
+				break
+			}
+		}
+	} else {
+		out, err = sandbox.RabbitmqCtlOutput(args...)
+	}
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	out := map[string]int{}
-	for _, q := range w.queues() {
-		ch, err := conn.Channel()
-		if err != nil {
-			return nil, err
+	listed := map[string]int{}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 2 {
+			if n, err := strconv.Atoi(f[1]); err == nil {
+				listed[f[0]] = n
+			}
 		}
-		st, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
-		ch.Close()
-		if err != nil {
-			return nil, err
-		}
-		out[q] = st.Messages
 	}
-	return out, nil
+	depths := map[string]int{}
+	for _, q := range w.queues() {
+		n, ok := listed[q]
+		if !ok {
+			return nil, fmt.Errorf("%s is not listed with its count", q)
+		}
+		depths[q] = n
+	}
+	return depths, nil
 }
 
 // invariant is one checked property.
@@ -278,6 +296,9 @@ func (w *world) check(ctx context.Context, wl *workload, latePark bool) []invari
 	iter := w.rdb.Scan(ctx, 0, w.prefix+"*", 1000).Iterator()
 	for iter.Next(ctx) {
 		key := iter.Val()
+		if strings.HasSuffix(key, "~retries") {
+			continue // the retry ledger, a sorted set beside the keys
+		}
 		v, err := w.rdb.Get(ctx, key).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			scanErr = err
