@@ -6,7 +6,11 @@ import (
 	"fmt"
 	"os"
 	"text/tabwriter"
+	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/paysvc/paysvc/internal/idem"
 	"github.com/paysvc/paysvc/internal/trace"
 )
 
@@ -27,7 +31,7 @@ func traceCmd(fs *flag.FlagSet) runFunc {
 			return c.usageError("trace: want one ORDER_NO")
 		}
 		orderNo := c.args[0]
-		_, db, err := c.openTool(ctx, true)
+		cfg, db, err := c.openTool(ctx, true)
 		if err != nil {
 			return err
 		}
@@ -36,6 +40,7 @@ func traceCmd(fs *flag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
+		entries = trace.Merge(entries, retryEntries(ctx, cfg, orderNo, time.Now()))
 		for _, path := range logs {
 			f, err := os.Open(path)
 			if err != nil {
@@ -58,4 +63,37 @@ func traceCmd(fs *flag.FlagSet) runFunc {
 		}
 		return tw.Flush()
 	}
+}
+
+// retryEntries lists the order's retry copies the retry ledger still
+// watches: where each was published and when it is (or was) due back. An
+// overdue one was stranded in its wait queue, or nothing brought it back.
+// Redis trouble is one entry saying so.
+func retryEntries(ctx context.Context, cfg *Config, orderNo string, now time.Time) []trace.Entry {
+	unread := func(err error) []trace.Entry {
+		return []trace.Entry{{At: now, Source: "retry", What: "retry ledger (Redis) not read: " + err.Error()}}
+	}
+	ropts, err := cfg.redisOptions(2)
+	if err != nil {
+		return unread(err)
+	}
+	rdb := redis.NewUniversalClient(ropts)
+	defer rdb.Close()
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	copies, err := idem.New(rdb, idem.Config{KeyPrefix: cfg.Idempotent.KeyPrefix}).Retries().Of(rctx, orderNo)
+	if err != nil {
+		return unread(err)
+	}
+	var out []trace.Entry
+	for _, rc := range copies {
+		what := fmt.Sprintf("retry copy of attempt %d last seen published to %s; not back yet", rc.Attempt, rc.Queue)
+		if now.After(rc.OverdueAt) {
+			what = fmt.Sprintf("retry copy of attempt %d last seen published to %s; not back, overdue since %s: "+
+				"stranded in the queue (docs/operations.md, \"Retry copies overdue\")",
+				rc.Attempt, rc.Queue, rc.OverdueAt.UTC().Format(time.RFC3339))
+		}
+		out = append(out, trace.Entry{At: rc.OverdueAt, Source: "retry", What: what})
+	}
+	return out
 }

@@ -37,6 +37,12 @@ type key struct {
 	check func(v any, bad badFunc)
 }
 
+// minConsumerTimeout is amqp.consumerTimeout's floor: RabbitMQ's own
+// default consumer_timeout. paysvc holds deliveries through an outage for
+// as long as it lasts, and each time the broker takes them back costs each
+// a delivery count.
+const minConsumerTimeout = 30 * time.Minute
+
 // keys is every configuration key, in config.yaml's order.
 var keys = []key{
 	{name: "amqp.url", def: "amqp://127.0.0.1:5672/", redact: redactURLs, check: checkAMQPURLs,
@@ -57,9 +63,12 @@ var keys = []key{
 	{name: "amqp.deliveryLimit", def: "20", check: atLeast(1),
 		bind: func(c *Config) any { return &c.AMQP.DeliveryLimit },
 		doc:  "quorum: deliveries of one message before it goes to the terminal queue (a message that crashes every consumer). Outages spend none: paysvc holds the messages in hand while MySQL or Redis is down (up to `amqp.consumerTimeout`)"},
-	{name: "amqp.consumerTimeout", def: "24h", check: minDuration(time.Minute),
+	{name: "amqp.consumerTimeout", def: "24h", check: minDuration(minConsumerTimeout), // and above the handling: validateAcross
 		bind: func(c *Config) any { return &c.AMQP.ConsumerTimeout },
-		doc:  "RabbitMQ 3.12+: how long the broker lets paysvc hold a delivery unacknowledged (`x-consumer-timeout` on the consumer's and the parker's consumes, in place of the server's `consumer_timeout`, 30 min by default). paysvc holds the messages in hand through an outage (the parker, a terminal message through a database outage); past this the broker takes them back, a delivery count each. RabbitMQ 3.10 and 3.11 ignore it: there `consumer_timeout` alone applies"},
+		doc: "RabbitMQ 3.12+: how long the broker lets paysvc hold a delivery unacknowledged (`x-consumer-timeout` on the consumer's and the parker's consumes, in place of the server's `consumer_timeout`, 30 min by default). " +
+			"paysvc holds the messages in hand through an outage of MySQL or Redis for as long as it lasts (the parker, a terminal message through a database outage); past this the broker takes them all back, a delivery count each, and again every period the outage lasts, so a value shorter than an outage walks payable payments to `amqp.deliveryLimit` and the terminal queue. " +
+			"At least 30m (RabbitMQ's own default, which 3.10 and 3.11 apply: an outage up to half an hour spends no delivery count, and a longer one a count per half hour: 10 hours to the default limit), and more than the handling timeout (`idempotent.lease`/2) plus `amqp.drainTimeout`, the longest paysvc holds a delivery outside an outage. " +
+			"RabbitMQ 3.10 and 3.11 ignore it: there `consumer_timeout` alone applies"},
 	{name: "amqp.caFile", def: "", check: existingFile,
 		bind: func(c *Config) any { return &c.AMQP.CAFile },
 		doc:  "PEM CA for `amqps://` (empty: the system roots)"},

@@ -177,6 +177,12 @@ func TestConfigTable(t *testing.T) {
 		{"mysql:\n  lockWaitTimeout: 1500ms\n", nil, "mysql.lockWaitTimeout: want whole seconds"},
 		{"mysql:\n  lockWaitTimeout: 29s\n  idleTransactionTimeout: 2s\n", nil, ""},
 		{"mysql:\n  idleTransactionTimeout: 0s\n", nil, "mysql.idleTransactionTimeout"},
+		{"amqp:\n  consumerTimeout: 1m\n", nil, "amqp.consumerTimeout: want at least 30m, got 1m0s"},
+		{"amqp:\n  consumerTimeout: 29m59s\n", nil, "amqp.consumerTimeout: want at least 30m"},
+		{"amqp:\n  consumerTimeout: 30m\n", nil, ""},
+		{"amqp:\n  consumerTimeout: 30m\n  drainTimeout: 10m\nidempotent:\n  lease: 40m\n", nil,
+			"amqp.consumerTimeout: want more than the handling timeout (idempotent.lease/2 = 20m0s) plus amqp.drainTimeout (10m0s), got 30m0s"},
+		{"amqp:\n  consumerTimeout: 31m\n  drainTimeout: 10m\nidempotent:\n  lease: 40m\n", nil, ""},
 	}
 	for _, tt := range tests {
 		_, err := loadConfig(writeConfig(t, tt.yaml), true, tt.env)

@@ -77,6 +77,17 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	name := fmt.Sprintf("paysvc %s %s/%d", version, host, os.Getpid())
 	orders := order.NewStore(db)
 	orders.OnRetry = func(error) { m.TxRetries.Inc() }
+	// A row another transaction holds locked: its payments wait alone, one
+	// per account at a time, and no group waits for it (order.Grouper).
+	orders.OnHeld = m.HeldLocked.Inc
+	orders.OnLocked = func(userID int64, orderNo string) {
+		if orderNo != "" {
+			log.Warn("order row found locked by another transaction: its payment runs alone", zap.String("order_no", orderNo))
+			return
+		}
+		log.Warn("account row found locked by another transaction: its payments wait alone, one at a time",
+			zap.Int64("user_id", userID))
+	}
 	// The notices of the payments this process commits are born leased to
 	// it and handed straight to its dispatcher: no poll, no lease update.
 	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, TLS: amqpTLS, Name: name, Log: log,
@@ -143,6 +154,9 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 			}
 		}}
 	wg.Go(func() { parker.Run(helpers) })
+	mover := &listener.Mover{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Delays: cfg.Retry.Delays, Log: log, Metrics: m,
+		PublishTimeout: publishTimeout, ConsumerTimeout: cfg.AMQP.ConsumerTimeout, Ledger: guard.Retries()}
+	wg.Go(func() { mover.Run(helpers) })
 	if cfg.Alert.WebhookURL != "" {
 		alerter := &deadletter.Alerter{Store: deadLetters, URL: cfg.Alert.WebhookURL, Log: log,
 			Client: &http.Client{Timeout: alertTimeout}, Interval: alertInterval, Wake: wake,
@@ -152,7 +166,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	wg.Go(func() { dispatcher.Run(helpers) })
 	monitor := &listener.Monitor{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Delays: cfg.Retry.Delays, Store: deadLetters,
 		DB: db, Metrics: m, Interval: cfg.Metrics.QueueInterval, Log: log, Consumer: consumer, Redis: guard,
-		Parker: parker}
+		Parker: parker, Retries: guard.Retries()}
 	wg.Go(func() { monitor.Run(helpers) })
 	if cfg.Reconcile.Interval > 0 {
 		wg.Go(func() { scheduledReconcile(helpers, cfg, db, m, log) })

@@ -44,6 +44,12 @@ func (c *Config) validateAcross(reporter func(name string) badFunc) {
 			reporter("mysql.lockWaitTimeout")("want less than the handling timeout (idempotent.lease/2 = %s), got %s", handle, w)
 		}
 	}
+	if held := c.handleTimeout() + c.AMQP.DrainTimeout; c.AMQP.ConsumerTimeout >= minConsumerTimeout && c.AMQP.ConsumerTimeout <= held {
+		// A delivery handled to its bound as the shutdown begins would be
+		// taken back by the broker while paysvc still works on it.
+		reporter("amqp.consumerTimeout")("want more than the handling timeout (idempotent.lease/2 = %s) plus amqp.drainTimeout (%s), got %s",
+			c.handleTimeout(), c.AMQP.DrainTimeout, c.AMQP.ConsumerTimeout)
+	}
 	if c.MySQL.GroupConns < 1 || c.MySQL.GroupConns > c.MySQL.MaxOpenConns {
 		reporter("mysql.groupConns")("want 1 to mysql.maxOpenConns (%d), got %d", c.MySQL.MaxOpenConns, c.MySQL.GroupConns)
 	}

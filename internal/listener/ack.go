@@ -19,8 +19,8 @@ const ackDelay = 2 * time.Millisecond
 // the lowest unsettled delivery tag, acks them with one frame
 // (multiple=true). A multiple ack never reaches past a delivery still in a
 // worker's hands: it names the highest tag of a contiguous run of settled
-// deliveries. Nacks and rejects go at once, alone, and in order with the
-// acks around them. Ack returns before the frame is written: a lost ack is a
+// deliveries. Nacks go at once, alone, and in order with the acks around
+// them. Ack returns before the frame is written: a lost ack is a
 // redelivery, which the guards answer as a duplicate.
 type coalescer struct {
 	ch   amqp.Acknowledger
@@ -34,8 +34,7 @@ type settlement struct {
 	tag     uint64
 	ack     bool
 	requeue bool       // nack: requeue
-	reject  bool       // reject instead of nack
-	err     chan error // nack and reject: the write's result
+	err     chan error // nack: the write's result
 }
 
 // newCoalescer starts the coalescer of ch's deliveries; Close flushes and
@@ -70,8 +69,9 @@ func (c *coalescer) Nack(tag uint64, multiple, requeue bool) error {
 	return c.wait(settlement{tag: tag, requeue: requeue, err: make(chan error, 1)})
 }
 
-func (c *coalescer) Reject(tag uint64, requeue bool) error {
-	return c.wait(settlement{tag: tag, requeue: requeue, reject: true, err: make(chan error, 1)})
+// Reject is amqp.Acknowledger's: paysvc returns deliveries with Nack only.
+func (c *coalescer) Reject(uint64, bool) error {
+	panic("coalescer: rejects are not used")
 }
 
 func (c *coalescer) wait(s settlement) error {
@@ -89,9 +89,9 @@ func (c *coalescer) wait(s settlement) error {
 }
 
 // Close writes the acks still held and stops the coalescer. A settlement
-// after Close is not written (an ack then reads as a redelivery; a nack or
-// reject fails with amqp.ErrClosed): the channel is closing, and the broker
-// puts its unsettled deliveries back.
+// after Close is not written (an ack then reads as a redelivery; a nack
+// fails with amqp.ErrClosed): the channel is closing, and the broker puts
+// its unsettled deliveries back.
 func (c *coalescer) Close() {
 	c.once.Do(func() { close(c.quit) })
 	<-c.done
@@ -157,7 +157,7 @@ type ledger struct {
 // span is the delivery tags lo to hi, both included.
 type span struct{ lo, hi uint64 }
 
-// add records s; a nack or reject is written at once.
+// add records s; a nack is written at once.
 func (l *ledger) add(ch amqp.Acknowledger, s settlement) {
 	if l.held == nil {
 		l.held = map[uint64]time.Time{}
@@ -166,12 +166,7 @@ func (l *ledger) add(ch amqp.Acknowledger, s settlement) {
 		l.held[s.tag] = time.Now()
 		return
 	}
-	var err error
-	if s.reject {
-		err = ch.Reject(s.tag, s.requeue)
-	} else {
-		err = ch.Nack(s.tag, false, s.requeue)
-	}
+	err := ch.Nack(s.tag, false, s.requeue)
 	l.settle(s.tag)
 	s.err <- err
 }

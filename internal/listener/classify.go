@@ -98,10 +98,11 @@ func classify(err error) (Kind, Class) {
 		return Retryable, ClassInFlight
 	case sqldb.IsDeadlock(err):
 		return Retryable, ClassDeadlock
-	case sqldb.IsLockWait(err):
+	case sqldb.IsLockWait(err), errors.Is(err, order.ErrAccountLocked):
 		// A row stayed locked for mysql.lockWaitTimeout (an operator's
-		// open transaction, say): this payment waits in a wait queue and
-		// spends an attempt; the others go on.
+		// open transaction, say), or the account row is known locked and
+		// another payment of the user waits for it: this payment waits in
+		// a wait queue and spends an attempt; the others go on.
 		return Retryable, ClassLockWait
 	}
 	return Retryable, ClassUnknown

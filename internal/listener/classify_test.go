@@ -46,6 +46,8 @@ func TestClassify(t *testing.T) {
 		{errInFlight, Retryable, ClassInFlight},
 		{wrap(&mysql.MySQLError{Number: 1213}), Retryable, ClassDeadlock},
 		{wrap(&mysql.MySQLError{Number: 1205}), Retryable, ClassLockWait},
+		{wrap(fmt.Errorf("user 7: %w: %w", order.ErrAccountLocked, &mysql.MySQLError{Number: 1205})), Retryable, ClassLockWait},
+		{wrap(order.ErrAccountLocked), Retryable, ClassLockWait},
 		{wrap(&mysql.MySQLError{Number: 1146, Message: "no such table"}), Unavailable, ClassMySQLError},
 		{wrap(&mysql.MySQLError{Number: 1142, Message: "command denied"}), Unavailable, ClassMySQLError},
 		{wrap(&mysql.MySQLError{Number: 1406, Message: "data too long"}), Retryable, ClassUnknown},

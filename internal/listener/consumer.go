@@ -101,6 +101,8 @@ type Consumer struct {
 	pauseReason atomic.Pointer[Reason]
 	// instance keys the write probe's row: the host name.
 	instance string
+	// retries is the retry ledger beside the guard's keys.
+	retries *idem.Retries
 	// redisDownUntil (unix nanos) skips Redis for redisSkip under OPEN after
 	// it failed, instead of paying a timeout on every message.
 	redisDownUntil atomic.Int64
@@ -121,7 +123,7 @@ func New(cfg Config, orders *order.Store, payer Payer, guard *idem.Guard, log *z
 	}
 	host, _ := os.Hostname()
 	c := &Consumer{cfg: cfg, orders: orders, payer: payer, guard: guard, log: log, m: cfg.Metrics,
-		waits: map[string]*waitQueue{}, instance: cmp.Or(host, "paysvc")}
+		waits: map[string]*waitQueue{}, instance: cmp.Or(host, "paysvc"), retries: guard.Retries()}
 	for _, d := range cfg.Retry.Delays {
 		c.waits[WaitQueue(d)] = &waitQueue{delay: d}
 	}

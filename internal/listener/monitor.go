@@ -54,6 +54,12 @@ type Monitor struct {
 	// and has not parked yet (unacked: no queue depth counts them); nil:
 	// none.
 	Parker interface{ Holding() int }
+	// Retries is the retry ledger: paysvc_retry_copies_overdue counts the
+	// copies overdue in it; nil: not reported.
+	Retries interface {
+		Overdue(ctx context.Context, now time.Time) (int64, error)
+		Prune(ctx context.Context, before time.Time) error
+	}
 
 	conn    *amqp.Connection
 	redis   atomic.Pointer[string]
@@ -123,6 +129,7 @@ func (e brokerError) Unwrap() error { return e.error }
 func (m *Monitor) Poll(ctx context.Context) error {
 	now := time.Now()
 	m.followRedis(ctx)
+	m.pollRetries(ctx, now)
 	// Bounded: a black-holed database must not stall the broker's sample.
 	dbCtx, cancel := context.WithTimeout(ctx, max(m.Interval, 5*time.Second))
 	newCount, oldestNew, dbErr := m.pollDB(dbCtx)
@@ -153,6 +160,35 @@ func (m *Monitor) Poll(ctx context.Context) error {
 	m.Metrics.QueueOldestAge.WithLabelValues(TerminalQueue).Set(terminalAge.Seconds())
 	m.Metrics.TerminalPending.Set(float64(depths[TerminalQueue] + depths[OverflowQueue] + held + newCount))
 	return nil
+}
+
+// retryForget is how long an overdue copy stays in the retry ledger: past
+// it, it was dealt with by hand, or its removal was lost.
+const retryForget = 7 * 24 * time.Hour
+
+// pollRetries samples the retry copies overdue (a copy published to a wait
+// queue and not back by its delay and a margin: the broker stranded it, or
+// nothing brought it back), and forgets those overdue for retryForget.
+// Redis trouble leaves the gauge as last sampled.
+func (m *Monitor) pollRetries(ctx context.Context, now time.Time) {
+	if m.Retries == nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := m.Retries.Prune(rctx, now.Add(-retryForget)); err != nil {
+		m.Log.Debug("retry ledger: prune failed", zap.Error(err))
+	}
+	n, err := m.Retries.Overdue(rctx, now)
+	if err != nil {
+		m.Log.Warn("retry ledger: could not count the overdue copies", zap.Error(err))
+		return
+	}
+	if n > 0 {
+		m.Log.Warn("retry copies overdue: published to a wait queue and not back (docs/operations.md, \"Retry copies overdue\")",
+			zap.Int64("copies", n))
+	}
+	m.Metrics.RetryCopiesOverdue.Set(float64(n))
 }
 
 // pollDB samples the dead letters and the outbox.

@@ -2,6 +2,9 @@ package listener_test
 
 import (
 	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -87,23 +90,47 @@ func TestOutagesSpendNoDeliveryCount(t *testing.T) {
 
 // A message held through an outage when its consumer stops goes back to
 // the queue once: the consumer is cancelled before the holding workers let
-// go, so their nack cannot bring it straight back to this consumer, to be
-// returned a second time when the channel closes. On a quorum queue with a
-// delivery limit of 2, a second counted return would dead-letter a payable
-// payment (3.10 dead-letters at the limit: one nack already counts 1). The
-// race this ordering closes was not seen on 3.10 (the test passes with the
-// old order too); on 4.x the nack does not count and the closure does.
+// go, so their nacks cannot bring it straight back to this consumer, to be
+// returned a second time at the session's end (on a quorum queue each
+// return can count toward the delivery limit). The race this ordering
+// closes is forced here: the proxy holds the consumer's basic.cancel for
+// two seconds and lets what it sends meanwhile overtake it. With the
+// workers let go first, their nacks reach the broker before the cancel,
+// and the broker delivers those messages to this consumer again; with the
+// cancel first, it delivers each message to it once. The deliveries are
+// what tells: RabbitMQ 3.10 dead-letters none of the messages returned
+// twice at a delivery limit of 2, and the terminal queue stays empty
+// either way.
 func TestStopWhileHoldingReturnsOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	redisProxy := testenv.NewProxy(t, e.redisAddr)
+	amqpProxy, proxied := testenv.AMQPProxy(t, e.amqpURL)
+	var mu sync.Mutex
+	fromBroker := map[int]*testenv.AMQPStream{} // by proxied connection
+	delivered := 0                              // basic.deliver frames to the consumer
+	amqpProxy.Watch(func(conn int, toServer bool, chunk []byte) {
+		if toServer {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if fromBroker[conn] == nil {
+			fromBroker[conn] = &testenv.AMQPStream{}
+		}
+		for _, m := range fromBroker[conn].Feed(chunk) {
+			if m == testenv.BasicDeliver {
+				delivered++
+			}
+		}
+	})
 	e.seedAccount(92, "100.00")
 	const n = 8
 	for i := range n {
 		e.seedOrder(fmt.Sprintf("HS%d", i), 92, "1.00")
 	}
 	quorum := func(cfg *setup) { cfg.MainQueueType, cfg.DeliveryLimit = "quorum", 2 }
-	c := e.start(redisProxy.Addr(), e.dsn, quorum)
+	c := e.start(redisProxy.Addr(), e.dsn, quorum, func(cfg *setup) { cfg.URL = proxied })
 	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready")
 	redisProxy.Down()
 	for i := range n {
@@ -111,9 +138,24 @@ func TestStopWhileHoldingReturnsOnce(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool { return testenv.Held(t, e.amqpURL, listener.MainQueue) == n },
 		"the payments were not held through the Redis outage")
+	held := holdCancels(amqpProxy)
 	if err := c.stop(); err != nil {
 		t.Fatal(err)
 	}
+	if h := held.Load(); h != 1 {
+		t.Fatalf("the proxy held %d basic.cancel frames, want the consumer's 1: the test proves nothing", h)
+	}
+	mu.Lock()
+	for conn, s := range fromBroker {
+		if s.Lost() {
+			t.Fatalf("connection %d: the broker's frames could not be followed", conn)
+		}
+	}
+	if delivered != n {
+		t.Fatalf("the broker made %d deliveries to the stopped consumer, want %d: a held message was let go "+
+			"before the consumer's cancel and came straight back to it", delivered, n)
+	}
+	mu.Unlock()
 	redisProxy.Up()
 	e.start(redisProxy.Addr(), e.dsn, quorum)
 	for end := time.Now().Add(30 * time.Second); e.totalFlows() < n; time.Sleep(100 * time.Millisecond) {
@@ -126,6 +168,86 @@ func TestStopWhileHoldingReturnsOnce(t *testing.T) {
 		t.Fatalf("%d payments dead-lettered: returned twice by one stop", d)
 	}
 }
+
+// At a session's end the consumer is cancelled, and the broker has said
+// so, before the workers holding messages through an outage let go: their
+// nacks go out after the basic.cancel has reached the broker, even when
+// the cancel is slow to get there (held two seconds by the proxy, which lets
+// what the consumer sends meanwhile overtake it).
+func TestStopIntakeCancelsBeforeReleasing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	redisProxy := testenv.NewProxy(t, e.redisAddr)
+	amqpProxy, proxied := testenv.AMQPProxy(t, e.amqpURL)
+	var mu sync.Mutex
+	fromConsumer := map[int]*testenv.AMQPStream{}
+	var sent []testenv.AMQPMethod // the cancels and nacks, as they reach the broker
+	amqpProxy.Watch(func(conn int, toServer bool, chunk []byte) {
+		if !toServer {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if fromConsumer[conn] == nil {
+			fromConsumer[conn] = &testenv.AMQPStream{}
+		}
+		for _, m := range fromConsumer[conn].Feed(chunk) {
+			if m == testenv.BasicCancel || m == testenv.BasicNack {
+				sent = append(sent, m)
+			}
+		}
+	})
+	e.seedAccount(94, "100.00")
+	e.seedOrder("SI1", 94, "1.00")
+	c := e.start(redisProxy.Addr(), e.dsn, func(cfg *setup) { cfg.URL = proxied })
+	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready")
+	redisProxy.Down()
+	e.publish(body("SI1", 94, "1.00"))
+	testenv.Eventually(t, 10*time.Second, func() bool { return testenv.Held(t, e.amqpURL, listener.MainQueue) == 1 },
+		"the payment was not held through the Redis outage")
+	held := holdCancels(amqpProxy)
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if h := held.Load(); h != 1 {
+		t.Fatalf("the proxy held %d basic.cancel frames, want the consumer's 1: the test proves nothing", h)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for conn, s := range fromConsumer {
+		if s.Lost() {
+			t.Fatalf("connection %d: the consumer's frames could not be followed", conn)
+		}
+	}
+	want := []testenv.AMQPMethod{testenv.BasicCancel, testenv.BasicNack} // the held worker's nack
+	if !slices.Equal(sent, want) {
+		t.Fatalf("cancels and nacks in the order the broker got them: %v, want %v (the cancel first)", sent, want)
+	}
+	if d := e.depth(listener.MainQueue); d != 1 {
+		t.Fatalf("%d messages back in the queue, want the held one", d)
+	}
+}
+
+// holdCancels has proxy hold each basic.cancel the client sends for
+// cancelHeld, letting what the client sends next overtake it, and returns
+// the count of those held.
+func holdCancels(proxy *testenv.Proxy) *atomic.Int32 {
+	var held atomic.Int32
+	split := testenv.HoldAMQP(testenv.BasicCancel)
+	proxy.HoldWhen(func(b []byte) ([]byte, []byte) {
+		h, rest := split(b)
+		if h != nil {
+			held.Add(1)
+		}
+		return h, rest
+	}, cancelHeld)
+	return &held
+}
+
+// cancelHeld is how long holdCancels holds a cancel: well past the time
+// the held workers take to let go (at once: they wait on the session), and
+// well within the consumer's bound on the cancel's reply (5 s).
+const cancelHeld = 2 * time.Second
 
 // At a stop, the messages prefetched behind a busy worker go back to the
 // queue with one nack before the channel closes (on RabbitMQ 4.x the

@@ -13,6 +13,7 @@ import (
 
 	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/fault"
+	"github.com/paysvc/paysvc/internal/idem"
 	"github.com/paysvc/paysvc/internal/trace"
 	"github.com/paysvc/paysvc/internal/tracing"
 )
@@ -27,6 +28,7 @@ import (
 func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery, pause chan<- error) {
 	start := time.Now()
 	c.noteEnqueued(d, start)
+	retryBack(ctx, c.retries, d, c.log)
 	// The message's span: a child of the producer's traceparent, or the
 	// root of a new trace. Every log line of the message carries its trace
 	// id; every copy paysvc publishes of it carries the span as parent.
@@ -100,6 +102,7 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 			if a.copy.queue == MainQueue {
 				c.m.RequeuedAlone.Inc()
 			}
+			c.retrySent(ctx, out.orderNo, a.copy, log)
 		}
 	case a.nack:
 		brokerErr = d.Nack(false, true)
@@ -162,6 +165,23 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 		return
 	}
 	c.log.Info("message handled", fields...)
+}
+
+// retrySent enters a copy published to a wait queue in the retry ledger
+// (bounded; a failure is logged: that copy is not watched).
+func (c *Consumer) retrySent(ctx context.Context, orderNo string, s *copySpec, log *zap.Logger) {
+	w := c.waits[s.queue]
+	if w == nil || orderNo == "" {
+		return // the terminal queue, or a requeue alone
+	}
+	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateWriteTimeout)
+	defer cancel()
+	rc := idem.RetryCopy{OrderNo: orderNo, Attempt: s.count, Queue: s.queue,
+		OverdueAt: time.Now().Add(w.delay + retryOverdue(w.delay))}
+	if err := c.retries.Sent(bg, rc); err != nil {
+		log.Warn("retry ledger: could not enter a copy; it is not watched", zap.String("order_no", orderNo),
+			zap.String("queue", s.queue), zap.Error(err))
+	}
 }
 
 // copier publishes a delivery's retry or terminal copy.

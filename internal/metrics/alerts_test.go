@@ -85,6 +85,7 @@ func TestAlertRules(t *testing.T) {
 		"PaysvcDuplicateRatioHigh":       `> 0.3 for 10m warning`,
 		"PaysvcDegraded":                 "paysvc_degraded) > 0",
 		"PaysvcNotReady":                 "paysvc_ready) == 0",
+		"PaysvcRetryCopiesOverdue":       "max(paysvc_retry_copies_overdue) > 0 for 5m critical",
 	} {
 		if !strings.Contains(exprs[alert], want) {
 			t.Errorf("%s: %q, want it to contain %q", alert, exprs[alert], want)

@@ -15,33 +15,37 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	Messages          *prometheus.CounterVec // result: FIRST, DUPLICATE, RETRY, TERMINAL, REQUEUE
-	Errors            *prometheus.CounterVec // class
-	Duration          prometheus.Histogram
-	GroupSize         prometheus.Histogram
-	TxRetries         prometheus.Counter
-	Disagreements     *prometheus.CounterVec // kind: redis_new_db_applied, redis_done_db_unpaid
-	Degraded          prometheus.Gauge
-	Ready             prometheus.Gauge
-	Reconnects        *prometheus.CounterVec // component: consumer, monitor
-	Pauses            *prometheus.CounterVec // class: what paused consumption
-	Failovers         *prometheus.CounterVec // component: broker (another node), redis (another master)
-	Paused            prometheus.Gauge
-	PauseReason       *prometheus.GaugeVec // reason: why consumption is paused
-	RequeuedAlone     prometheus.Counter
-	ParkFallbacks     prometheus.Counter
-	QueueMessages     *prometheus.GaugeVec // queue
-	QueueOldestAge    *prometheus.GaugeVec // queue
-	TerminalPending   prometheus.Gauge
-	DeadLettersNew    prometheus.Gauge
-	OutboxPending     prometheus.Gauge
-	OutboxOldestAge   prometheus.Gauge
-	ReconcileProblems prometheus.Gauge
-	ReconcileLastRun  prometheus.Gauge
-	AlertFailures     prometheus.Counter
-	Held              *prometheus.GaugeVec // dependency: redis, mysql, other, broker (a copy the broker blocks or refuses)
-	DeadLettersClass  *prometheus.GaugeVec // class
-	BrokerBlocked     *prometheus.GaugeVec // component: consumer (its retry and terminal copies), outbox
+	Messages           *prometheus.CounterVec // result: FIRST, DUPLICATE, RETRY, TERMINAL, REQUEUE
+	Errors             *prometheus.CounterVec // class
+	Duration           prometheus.Histogram
+	GroupSize          prometheus.Histogram
+	TxRetries          prometheus.Counter
+	HeldLocked         prometheus.Counter
+	Disagreements      *prometheus.CounterVec // kind: redis_new_db_applied, redis_done_db_unpaid
+	Degraded           prometheus.Gauge
+	Ready              prometheus.Gauge
+	Reconnects         *prometheus.CounterVec // component: consumer, monitor
+	Pauses             *prometheus.CounterVec // class: what paused consumption
+	Failovers          *prometheus.CounterVec // component: broker (another node), redis (another master)
+	Paused             prometheus.Gauge
+	PauseReason        *prometheus.GaugeVec // reason: why consumption is paused
+	RequeuedAlone      prometheus.Counter
+	RetryCopiesMoved   prometheus.Counter
+	RetryCopiesHeld    prometheus.Gauge
+	RetryCopiesOverdue prometheus.Gauge
+	ParkFallbacks      prometheus.Counter
+	QueueMessages      *prometheus.GaugeVec // queue
+	QueueOldestAge     *prometheus.GaugeVec // queue
+	TerminalPending    prometheus.Gauge
+	DeadLettersNew     prometheus.Gauge
+	OutboxPending      prometheus.Gauge
+	OutboxOldestAge    prometheus.Gauge
+	ReconcileProblems  prometheus.Gauge
+	ReconcileLastRun   prometheus.Gauge
+	AlertFailures      prometheus.Counter
+	Held               *prometheus.GaugeVec // dependency: redis, mysql, other, broker (a copy the broker blocks or refuses)
+	DeadLettersClass   *prometheus.GaugeVec // class
+	BrokerBlocked      *prometheus.GaugeVec // component: consumer (its retry and terminal copies), outbox
 
 	own []prometheus.Collector
 }
@@ -85,6 +89,9 @@ func New() *Metrics {
 		TxRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paysvc_tx_retries_total",
 			Help: "Payment transactions (single or grouped) run again after a deadlock or a lost connection."}),
+		HeldLocked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paysvc_pay_held_locked_total",
+			Help: "Payments kept out of grouped transactions because their account or order row was found locked by another transaction (each waited alone, one per account at a time, or was answered at once as a lock wait timeout)."}),
 		Disagreements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paysvc_guard_disagreements_total",
 			Help: "Times Redis and the database disagreed: redis_new_db_applied (Redis said new, the database had applied it), redis_done_db_unpaid, redis_foreign_db_unpaid (a value paysvc does not write at the key, a hand-written consumer's; the database decided)."},
@@ -107,6 +114,15 @@ func New() *Metrics {
 			Name: "paysvc_pause_reason",
 			Help: "1 for the reason consumption is paused (mysql_unavailable, mysql_read_only, mysql_writes_stalled: MySQL answers reads but does not commit writes, mysql_error, redis_unavailable), 0 for the others."},
 			[]string{"reason"}),
+		RetryCopiesMoved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paysvc_retry_copies_moved_total",
+			Help: "Retry copies the mover took from a wait queue when due and published to the main queue (confirmed)."}),
+		RetryCopiesHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_retry_copies_held",
+			Help: "Retry copies the mover holds from the wait queues until they are due (unacked: queue depths do not count them)."}),
+		RetryCopiesOverdue: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_retry_copies_overdue",
+			Help: "Retry copies published to a wait queue and not back by their delay plus a margin (the delay, a minute at least): stranded by the broker's dead-letter worker, or nothing brings them back (the retry ledger in Redis; shared by the replicas)."}),
 		RequeuedAlone: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paysvc_requeued_alone_total",
 			Help: "Messages sent back to the main queue alone, without an attempt (outcome unknown or timed out while every dependency answered)."}),
@@ -143,8 +159,8 @@ func New() *Metrics {
 			Help: "1 while the broker blocks a connection paysvc publishes on (a memory or disk alarm): consumer (retry and terminal copies; the messages that need one are held), outbox (notices)."},
 			[]string{"component"}),
 	}
-	m.own = []prometheus.Collector{m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
-		m.Pauses, m.Failovers, m.Paused, m.PauseReason, m.RequeuedAlone, m.ParkFallbacks,
+	m.own = []prometheus.Collector{m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.HeldLocked, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
+		m.Pauses, m.Failovers, m.Paused, m.PauseReason, m.RequeuedAlone, m.RetryCopiesMoved, m.RetryCopiesHeld, m.RetryCopiesOverdue, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.OutboxOldestAge, m.ReconcileProblems,
 		m.ReconcileLastRun, m.AlertFailures, m.Held, m.DeadLettersClass, m.BrokerBlocked}
 	r.MustRegister(m.own...)
@@ -157,7 +173,7 @@ func New() *Metrics {
 	for _, kind := range []string{"redis_new_db_applied", "redis_done_db_unpaid", "redis_foreign_db_unpaid"} {
 		m.Disagreements.WithLabelValues(kind)
 	}
-	for _, c := range []string{"consumer", "monitor"} {
+	for _, c := range []string{"consumer", "monitor", "mover"} {
 		m.Reconnects.WithLabelValues(c)
 	}
 	for _, d := range []string{"redis", "mysql", "other", "broker"} {

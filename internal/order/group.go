@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/paysvc/paysvc/internal/batch"
@@ -27,11 +28,15 @@ import (
 // group's COMMIT failed: don't ack, re-read), or Store.Pay's own answer.
 //
 // Waiting payments are taken as they are; no payment waits for a group to
-// fill. Under a light load every group has one payment.
+// fill. Under a light load every group has one payment. A payment whose
+// account or order row was found locked by another transaction never joins
+// a group (locked.go).
 type Grouper struct {
-	s       *Store
-	groups  *batch.Collector[*request] // nil: one transaction per payment
-	observe func(n int)
+	s            *Store
+	groups       *batch.Collector[*request] // nil: one transaction per payment
+	observe      func(n int)
+	held         *held
+	noSkipLocked atomic.Bool // the server does not know SKIP LOCKED
 }
 
 type request struct {
@@ -46,10 +51,10 @@ var errAlone = errors.New("not applied in a group: run alone")
 // StartGrouper starts conns committers, each putting up to size waiting
 // payments into one transaction (batch.Start's shape, as the Redis
 // pipelines and the trace events have). observe, if not nil, is told each
-// group's size. Stop ends them. With size 1 no committer starts and Pay is
-// Store.Pay.
+// group's size. Stop ends them. With size 1 no committer starts and each
+// payment runs alone through Store.Pay, minding the rows found locked.
 func (s *Store) StartGrouper(conns, size int, observe func(n int)) *Grouper {
-	g := &Grouper{s: s, observe: observe}
+	g := &Grouper{s: s, observe: observe, held: newHeld(max(size, 1))}
 	if size > 1 {
 		g.groups = batch.Start(max(conns, 1), size, g.commit)
 	}
@@ -65,33 +70,51 @@ func (g *Grouper) Stop() {
 }
 
 // Pay applies p, in a group with other payments waiting at the same moment
-// when there are any; it returns what Store.Pay returns.
+// when there are any; it returns what Store.Pay returns, or, for a payment
+// of an account found locked while another payment of the same user waits
+// for it, an error wrapping ErrAccountLocked and the lock wait timeout.
 func (g *Grouper) Pay(ctx context.Context, p Payment) error {
+	if g.held.has(p) {
+		return g.alone(ctx, p)
+	}
 	r := &request{ctx: ctx, p: p, done: make(chan error, 1)}
 	taken, err := g.groups.Send(ctx, r)
 	switch {
 	case err != nil:
 		return fmt.Errorf("order %s: pay: %w", p.OrderNo, err)
 	case !taken:
-		return g.s.Pay(ctx, p)
+		return g.alone(ctx, p)
 	}
 	// A committer that took r always answers, within the group's deadline
 	// (the earliest of its payments' deadlines).
 	err = <-r.done
 	if errors.Is(err, errAlone) {
-		return g.s.Pay(ctx, p)
+		return g.alone(ctx, p)
 	}
 	return err
 }
 
-// commit runs one group of waiting payments; one alone is simply paid.
+// commit runs one group of waiting payments; one alone is simply paid. The
+// payments of rows found locked since they were sent run alone instead.
 func (g *Grouper) commit(reqs []*request) {
+	reqs = slices.DeleteFunc(reqs, func(r *request) bool {
+		if g.held.has(r.p) {
+			r.done <- errAlone
+			return true
+		}
+		return false
+	})
+	if len(reqs) == 0 {
+		return
+	}
 	if g.observe != nil {
 		g.observe(len(reqs))
 	}
 	if len(reqs) == 1 {
 		r := reqs[0]
-		r.done <- g.s.Pay(r.ctx, r.p)
+		err := g.s.Pay(r.ctx, r.p)
+		g.learnAlone(r.ctx, r.p, err)
+		r.done <- err
 		return
 	}
 	g.run(reqs)
@@ -99,8 +122,9 @@ func (g *Grouper) commit(reqs []*request) {
 
 // run commits one group and answers each of its payments. A deadlock or a
 // lost connection retries the group once; after that, and after any other
-// error before COMMIT (a lock wait timeout among them: one locked row must
-// not hold the others twice), each payment runs alone.
+// error before COMMIT, each payment runs alone. After a lock wait timeout
+// the rows found locked are marked first, so that their payments wait
+// alone, one per user, and no later group waits for them (locked.go).
 func (g *Grouper) run(reqs []*request) {
 	// The group's deadline is the earliest of its payments': a payment close
 	// to its own deadline cuts the group short, and every payment then runs
@@ -112,7 +136,17 @@ func (g *Grouper) run(reqs []*request) {
 		ps[i] = r.p
 	}
 	for attempt := 1; ; attempt++ {
-		applied, err := g.s.payGroup(ctx, ps)
+		// Another finding of a locked row that this group needs cuts it
+		// short (locked.go): ctx ends, which kills its statement, and it
+		// never sends COMMIT.
+		gctx, cut := context.WithCancel(ctx)
+		f := g.held.enterGroup(ps, cut)
+		applied, err := g.s.payGroup(gctx, ps, f.mayCommit)
+		g.held.leaveGroup(f)
+		cut()
+		if f.state.Load() == groupCut {
+			break // nothing committed: each runs alone, minding the marks
+		}
 		if err == nil || errors.Is(err, sqldb.ErrCommitUnknown) {
 			for i, r := range reqs {
 				switch {
@@ -134,10 +168,13 @@ func (g *Grouper) run(reqs []*request) {
 				continue
 			}
 		}
-		for _, r := range reqs {
-			r.done <- errAlone
+		if sqldb.IsLockWait(err) {
+			g.learnGroup(ctx, ps, err)
 		}
-		return
+		break
+	}
+	for _, r := range reqs {
+		r.done <- errAlone
 	}
 }
 
@@ -146,8 +183,9 @@ func (g *Grouper) run(reqs []*request) {
 // is not whole, the payments a plain read finds payable, once. applied[i]
 // says whether ps[i] was in the committed set; the others are for the
 // single path. On an error wrapping sqldb.ErrCommitUnknown the applied ones
-// may or may not be committed; on any other error nothing is.
-func (s *Store) payGroup(ctx context.Context, ps []Payment) (applied []bool, err error) {
+// may or may not be committed; on any other error nothing is. commitOK is
+// paySet's.
+func (s *Store) payGroup(ctx context.Context, ps []Payment, commitOK func() bool) (applied []bool, err error) {
 	applied = make([]bool, len(ps))
 	order := make([]int, 0, len(ps)) // indexes into ps, in lock order, each order number once
 	for i := range ps {
@@ -172,7 +210,7 @@ func (s *Store) payGroup(ctx context.Context, ps []Payment) (applied []bool, err
 		}
 	}
 	for try := 1; ; try++ {
-		committed, err := s.paySet(ctx, set)
+		committed, err := s.paySet(ctx, set, commitOK)
 		switch {
 		case committed:
 			mark(set)

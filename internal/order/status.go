@@ -16,9 +16,6 @@ const (
 	Refunded Status = "REFUNDED"
 )
 
-// Applied reports whether a payment took effect on an order in this state.
-func (s Status) Applied() bool { return s == Paid || s == Settled || s == Refunded }
-
 var (
 	// ErrNotFound: no such order yet (its creation may not be visible).
 	// Retryable.

@@ -44,6 +44,14 @@ type Store struct {
 	// both before use, or neither.
 	NoticeLease time.Duration
 	OnCommitted func(orderNos []string)
+	// OnHeld, if set, is told each payment a Grouper keeps out of its
+	// groups because its account or order row was found locked by another
+	// transaction (it waits alone, or is answered ErrAccountLocked), and
+	// OnLocked each such row when first found locked: a user's account
+	// (orderNo "") once a payment run alone waited it out, or an order
+	// (userID 0). Set them before use.
+	OnHeld   func()
+	OnLocked func(userID int64, orderNo string)
 }
 
 // NewStore returns a Store over db.
@@ -89,6 +97,18 @@ func (s *Store) Pay(ctx context.Context, p Payment) error {
 func (s *Store) retried(err error) {
 	if s.OnRetry != nil {
 		s.OnRetry(err)
+	}
+}
+
+func (s *Store) heldOut() {
+	if s.OnHeld != nil {
+		s.OnHeld()
+	}
+}
+
+func (s *Store) locked(userID int64, orderNo string) {
+	if s.OnLocked != nil {
+		s.OnLocked(userID, orderNo)
 	}
 }
 
@@ -143,19 +163,6 @@ func (s *Store) Ping(ctx context.Context) error {
 		return ErrReadOnly
 	}
 	return nil
-}
-
-// Status reads an order's status; ErrNotFound if there is no such order.
-func (s *Store) Status(ctx context.Context, orderNo string) (Status, error) {
-	var st Status
-	err := s.db.GetContext(ctx, &st, "SELECT status FROM t_order WHERE order_no = ?", orderNo)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", fmt.Errorf("order %s: %w", orderNo, ErrNotFound)
-	}
-	if err != nil {
-		return "", fmt.Errorf("order %s: read status: %w", orderNo, err)
-	}
-	return st, nil
 }
 
 // NoticeTrace returns the traceparent the payment-success notice of

@@ -160,8 +160,9 @@ func lockOrder(a, b Payment) int {
 // changed other rows than it must (a paid, missing or mismatched order, a
 // balance that does not cover a user's sum): then nothing was applied. On
 // an error wrapping sqldb.ErrCommitUnknown the set may or may not be
-// committed; on any other error nothing was.
-func (s *Store) paySet(ctx context.Context, ps []Payment) (committed bool, err error) {
+// committed; on any other error nothing was. commitOK, if not nil, is asked
+// just before COMMIT: false rolls the set back (errCut).
+func (s *Store) paySet(ctx context.Context, ps []Payment, commitOK func() bool) (committed bool, err error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return false, fmt.Errorf("connection: %w", err)
@@ -185,6 +186,10 @@ func (s *Store) paySet(ctx context.Context, ps []Payment) (committed bool, err e
 			return rollbackOn(ctx, ex)
 		}
 		fault.Point("mid_transaction")
+		if commitOK != nil && !commitOK() {
+			opErr = errCut
+			return rollbackOn(ctx, ex)
+		}
 		if _, err := ex.ExecContext(ctx, "COMMIT", nil); err != nil {
 			opErr = fmt.Errorf("%w: %w", sqldb.ErrCommitUnknown, err)
 			return driver.ErrBadConn
@@ -211,7 +216,7 @@ func (s *Store) paySet(ctx context.Context, ps []Payment) (committed bool, err e
 // payAlone applies p as a set of one and, when nothing was applied, reads
 // why.
 func (s *Store) payAlone(ctx context.Context, p Payment) error {
-	committed, err := s.paySet(ctx, []Payment{p})
+	committed, err := s.paySet(ctx, []Payment{p}, nil)
 	switch {
 	case sqldb.DuplicateKey(err) == "uk_biz_no_type":
 		// A flow is booked already: paid before (check says how), or a

@@ -311,20 +311,16 @@ type notice struct {
 	Traceparent string `db:"traceparent"` // the payment's trace context, "" for none
 }
 
-// DispatchOnce publishes up to Batch due notices and returns how many it
+// dispatchDue publishes up to Batch due notices and returns how many it
 // sent. It takes them in a short transaction (SKIP LOCKED, so replicas
 // share the work) that leases them for LeaseTime and commits at once:
 // no row lock is held while publishing, so a blocked broker never stalls
 // the payments' outbox inserts. It then publishes them outside any
 // transaction with one confirm wait for the batch, and marks the sent ones
 // in one statement; a notice that failed is scheduled again with backoff
-// (1 s, 2 s, 4 s... 5 min) and the first failure is returned.
-func (d *Dispatcher) DispatchOnce(ctx context.Context, pub *broker.Publisher) (int, error) {
-	return d.dispatchDue(ctx, context.WithoutCancel(ctx), pub)
-}
-
-// dispatchDue is DispatchOnce; what follows the lease (the publishes, the
-// reschedule, the marks) runs on finish, which ctx's end does not cancel.
+// (1 s, 2 s, 4 s... 5 min) and the first failure is returned. What
+// follows the lease (the publishes, the reschedule, the marks) runs on
+// finish, which ctx's end does not cancel.
 func (d *Dispatcher) dispatchDue(ctx, finish context.Context, pub *broker.Publisher) (int, error) {
 	var rows []notice
 	err := sqldb.InTx(ctx, d.DB, func(tx *sqldb.Tx) error {

@@ -20,7 +20,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/paysvc/paysvc/internal/broker"
-	"github.com/paysvc/paysvc/internal/money"
 	"github.com/paysvc/paysvc/internal/order"
 	"github.com/paysvc/paysvc/internal/outbox"
 	"github.com/paysvc/paysvc/internal/testenv"
@@ -70,11 +69,8 @@ func TestDispatcherHoldsNoLockWhilePublishing(t *testing.T) {
 	_, db := testenv.MySQL(t)
 	amqpURL := testenv.AMQP(t)
 	declare(t, amqpURL)
-	for _, no := range []string{"N1", "N2", "N3"} {
-		if err := outbox.AddPaymentSucceeded(context.Background(), db, no, 1, money.Cents(100), time.Now()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	seedPayable(db, "N", 4)
+	pay(t, order.NewStore(db), "N", 0, 1, 2)
 	u, _ := url.Parse(amqpURL)
 	proxy := testenv.NewProxy(t, u.Host)
 	u.Host = proxy.Addr()
@@ -106,15 +102,21 @@ func TestDispatcherHoldsNoLockWhilePublishing(t *testing.T) {
 	if open != 0 {
 		t.Fatalf("%d transactions open while the dispatcher publishes", open)
 	}
-	// ... a payment writes its notice at once, the leased rows are not
-	// locked, and a second dispatcher finds nothing due.
+	// ... a payment writes its notice at once (leased to its process for
+	// an hour, as a daemon's are: it stays out of the dispatches below),
+	// the leased rows are not locked, and a second dispatcher finds
+	// nothing due.
+	leased := order.NewStore(db)
+	leased.NoticeLease = time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := leased.Pay(ctx, order.Payment{OrderNo: "N3", UserID: 4, Amount: 100}); err != nil {
+		t.Fatalf("a payment while publishing: %v", err)
+	}
 	tx := db.MustBegin()
 	tx.MustExec("SET SESSION innodb_lock_wait_timeout = 1")
-	if err := outbox.AddPaymentSucceeded(context.Background(), tx, "N4", 1, money.Cents(100), time.Now()); err != nil { // rolled back below
-		t.Fatalf("a payment's notice insert while publishing: %v", err)
-	}
 	var ids []int64
-	if err := tx.Select(&ids, "SELECT id FROM t_outbox WHERE biz_no IN ('N1', 'N2', 'N3') FOR UPDATE"); err != nil || len(ids) != 3 {
+	if err := tx.Select(&ids, "SELECT id FROM t_outbox WHERE biz_no IN ('N0', 'N1', 'N2') FOR UPDATE"); err != nil || len(ids) != 3 {
 		t.Fatalf("the leased rows are locked: %v", err)
 	}
 	if err := tx.Rollback(); err != nil {
@@ -320,9 +322,8 @@ func TestDispatcherBackoffStopsAtFiveMinutes(t *testing.T) {
 	t.Parallel()
 	_, db := testenv.MySQL(t)
 	amqpURL := testenv.AMQP(t) // no notice exchange declared: every publish fails
-	if err := outbox.AddPaymentSucceeded(context.Background(), db, "B1", 1, money.Cents(100), time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	seedPayable(db, "B", 1)
+	pay(t, order.NewStore(db), "B", 0)
 	pub := broker.NewPublisher(dial(t, amqpURL), 3*time.Second)
 	defer pub.Close()
 	d := &outbox.Dispatcher{DB: db, Batch: 10, Log: zap.NewNop()}
@@ -330,12 +331,12 @@ func TestDispatcherBackoffStopsAtFiveMinutes(t *testing.T) {
 		attempts int // before this one
 		wait     time.Duration
 	}{{0, time.Second}, {3, 8 * time.Second}, {8, 256 * time.Second}, {9, 300 * time.Second}, {20, 300 * time.Second}} {
-		db.MustExec("UPDATE t_outbox SET attempts = ?, next_attempt_at = CURRENT_TIMESTAMP(3) - INTERVAL 1 SECOND WHERE biz_no = 'B1'", c.attempts)
+		db.MustExec("UPDATE t_outbox SET attempts = ?, next_attempt_at = CURRENT_TIMESTAMP(3) - INTERVAL 1 SECOND WHERE biz_no = 'B0'", c.attempts)
 		if n, err := d.DispatchOnce(context.Background(), pub); err == nil || n != 0 {
 			t.Fatalf("attempt %d: sent %d, %v; want a failure", c.attempts+1, n, err)
 		}
 		var wait float64
-		db.Get(&wait, "SELECT TIMESTAMPDIFF(MICROSECOND, CURRENT_TIMESTAMP(3), next_attempt_at) / 1e6 FROM t_outbox WHERE biz_no = 'B1'")
+		db.Get(&wait, "SELECT TIMESTAMPDIFF(MICROSECOND, CURRENT_TIMESTAMP(3), next_attempt_at) / 1e6 FROM t_outbox WHERE biz_no = 'B0'")
 		if got := time.Duration(wait * float64(time.Second)); got > c.wait || got < c.wait-5*time.Second {
 			t.Errorf("after attempt %d: next in %v, want %v", c.attempts+1, got.Round(time.Second), c.wait)
 		}
@@ -387,9 +388,8 @@ func TestDispatcherWaitsOutAResourceAlarmOnOneConnection(t *testing.T) {
 	t.Parallel()
 	_, db := testenv.MySQL(t)
 	node, amqpURL := declaredNode(t)
-	if err := outbox.AddPaymentSucceeded(context.Background(), db, "ALARM1", 1, money.Cents(100), time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	seedPayable(db, "ALARM", 1)
+	pay(t, order.NewStore(db), "ALARM", 0)
 	clearAlarm := testenv.MemoryAlarm(t, node)
 	blocked := prometheus.NewGauge(prometheus.GaugeOpts{Name: "blocked"})
 	core, logs := observer.New(zapcore.InfoLevel)
@@ -413,7 +413,7 @@ func TestDispatcherWaitsOutAResourceAlarmOnOneConnection(t *testing.T) {
 	clearAlarm()
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		var n int
-		db.Get(&n, "SELECT COUNT(*) FROM t_outbox WHERE biz_no = 'ALARM1' AND status = 'SENT'")
+		db.Get(&n, "SELECT COUNT(*) FROM t_outbox WHERE biz_no = 'ALARM0' AND status = 'SENT'")
 		return n == 1
 	}, "the notice was not sent once the alarm cleared")
 	if testutil.ToFloat64(blocked) != 0 {
@@ -508,11 +508,8 @@ func TestDispatcherLeavesReturnedNoticesPending(t *testing.T) {
 	if err := ch.QueueUnbind(outbox.Queue, "pay.#", outbox.Exchange, nil); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 3 {
-		if err := outbox.AddPaymentSucceeded(ctx, db, fmt.Sprintf("U%d", i), int64(i+1), money.Cents(100), time.Now()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	seedPayable(db, "U", 3)
+	pay(t, order.NewStore(db), "U", 0, 1, 2)
 	count := func(status string) (n int) {
 		db.Get(&n, "SELECT COUNT(*) FROM t_outbox WHERE status = ?", status)
 		return n
@@ -568,4 +565,17 @@ func runDispatcher(t *testing.T, d *outbox.Dispatcher, amqpURL string) (stop fun
 	go func() { d.Run(ctx); close(done) }()
 	testenv.Eventually(t, 10*time.Second, func() bool { return testenv.QueueExists(t, amqpURL, outbox.Queue) }, "the dispatcher declared its queue")
 	return sync.OnceFunc(func() { cancel(); <-done })
+}
+
+// pay pays the orders of seedPayable with these indexes through store,
+// the payments' own write path: each payment's transaction writes its
+// notice (PENDING and due at once, unless store has a NoticeLease).
+func pay(t *testing.T, store *order.Store, prefix string, indexes ...int) {
+	t.Helper()
+	for _, i := range indexes {
+		p := order.Payment{OrderNo: fmt.Sprintf("%s%d", prefix, i), UserID: int64(i + 1), Amount: 100}
+		if err := store.Pay(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -1,5 +1,17 @@
 package outbox
 
+import (
+	"context"
+
+	"github.com/paysvc/paysvc/internal/broker"
+)
+
+// DispatchOnce is one poll of Run: dispatchDue, with the work after the
+// lease detached from ctx as Run's is.
+func (d *Dispatcher) DispatchOnce(ctx context.Context, pub *broker.Publisher) (int, error) {
+	return d.dispatchDue(ctx, context.WithoutCancel(ctx), pub)
+}
+
 // Marks is how many UPDATE statements marked notices sent.
 func (d *Dispatcher) Marks() int { return d.marks }
 

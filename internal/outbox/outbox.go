@@ -6,12 +6,8 @@
 package outbox
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
 	"time"
-
-	"github.com/jmoiron/sqlx"
 
 	"github.com/paysvc/paysvc/internal/money"
 )
@@ -44,16 +40,4 @@ func PaymentSucceeded(orderNo string, userID int64, amount money.Cents, paidAt t
 		Amount: amount.String(), PaidAt: paidAt.UTC().Format(time.RFC3339Nano),
 	})
 	return b
-}
-
-// AddPaymentSucceeded writes the notice for a payment inside the caller's
-// transaction.
-func AddPaymentSucceeded(ctx context.Context, tx sqlx.ExecerContext, orderNo string, userID int64, amount money.Cents, paidAt time.Time) error {
-	payload := PaymentSucceeded(orderNo, userID, amount, paidAt)
-	_, err := tx.ExecContext(ctx, "INSERT INTO t_outbox (event_type, biz_no, payload) VALUES (?, ?, ?)",
-		EventPaymentSucceeded, orderNo, payload)
-	if err != nil {
-		return fmt.Errorf("outbox %s: %w", orderNo, err)
-	}
-	return nil
 }

@@ -5,6 +5,7 @@
 package replay
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -32,6 +33,16 @@ type Publisher interface {
 // second, as `paysvc dlq replay --rate` by default. The admin page uses it.
 const DefaultEvery = 50 * time.Millisecond
 
+// DefaultTimeout bounds one replay, from the row's lock to its mark's
+// COMMIT: room for a connection (5 s to dial), the row's lock wait (5 s by
+// default), the publish (5 s to dial the broker, 10 s for the confirm) and
+// the statements.
+const DefaultTimeout = 30 * time.Second
+
+// recordTimeout bounds the history line written for a replay that did not
+// end in its mark, on a fresh connection after the replay's own bound.
+const recordTimeout = 10 * time.Second
+
 // Replayer replays dead letters.
 type Replayer struct {
 	Store   *deadletter.Store
@@ -39,6 +50,7 @@ type Replayer struct {
 	DB      *sqlx.DB
 	Publish Publisher     // nil for dry runs
 	Every   time.Duration // minimum gap between two replays (rate limit)
+	Timeout time.Duration // bound on one replay (0: DefaultTimeout)
 }
 
 // Selection names dead letters in bulk: every NEW one of a class, or every
@@ -96,11 +108,7 @@ func (r *Replayer) Replay(ctx context.Context, rows []deadletter.DeadLetter, ope
 				}
 			}
 			last = time.Now()
-			// Once begun, a replay runs to its mark whatever the caller's
-			// context (a closed browser, a signal): cut between its publish
-			// and its mark, its outcome would be unknown. The publish and
-			// the mark have bounds of their own.
-			res.Err = r.replayOne(context.WithoutCancel(ctx), d, operator, reason)
+			res.Err = r.replayOne(ctx, d, operator, reason)
 			switch {
 			case errors.Is(res.Err, broker.ErrUnconfirmed):
 				res.Outcome = "outcome unknown: " + res.Err.Error()
@@ -115,9 +123,33 @@ func (r *Replayer) Replay(ctx context.Context, rows []deadletter.DeadLetter, ope
 	return out, nil
 }
 
+// replayOne publishes d's copy and marks d REPLAYED. Once begun, it runs to
+// its mark whatever the caller's context (a closed browser, a signal): cut
+// between its publish and its mark, its outcome would be unknown. It has a
+// bound of its own instead (Timeout): a database that stops answering
+// (a dead network path, no reset) would otherwise hold the replay, and the
+// admin request or the command waiting on it, for the kernel's TCP
+// timeout, and a statement whose context has no end is never killed on the
+// server. Past the bound the statement is killed, which ends the mark's
+// transaction on the server (rolled back, unless its COMMIT got there);
+// a copy already published is then written into the row's history on a
+// connection of its own.
 func (r *Replayer) replayOne(ctx context.Context, d deadletter.DeadLetter, operator, reason string) error {
 	if d.Status != deadletter.New && d.Status != deadletter.Discarded {
 		return fmt.Errorf("dead letter %d is %s", d.ID, d.Status)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(r.Timeout, DefaultTimeout))
+	defer cancel()
+	// record writes result into the row's history for a replay that did
+	// not end in its mark, and returns err, saying so if the line is
+	// missing.
+	record := func(err error, result string) error {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		defer cancel()
+		if rerr := r.Store.RecordFailure(rctx, d.ID, operator, reason, result); rerr != nil {
+			return fmt.Errorf("%w; the row's history could not record it: %w", err, rerr)
+		}
+		return err
 	}
 	msg := amqp.Publishing{
 		Headers: replayHeaders(d, operator, reason), ContentType: "application/json",
@@ -141,16 +173,15 @@ func (r *Replayer) replayOne(ctx context.Context, d deadletter.DeadLetter, opera
 		// second copy meets the guards); its history says which it may be.
 		err = fmt.Errorf("%w; the copy may be in %s: check the order (paysvc trace) before discarding the row; "+
 			"replaying it again is safe (a second copy is a duplicate)", pubErr, listener.MainQueue)
-		r.Store.RecordFailure(context.WithoutCancel(ctx), d.ID, operator, reason, err.Error())
+		return record(err, err.Error())
 	case pubErr != nil:
-		r.Store.RecordFailure(context.WithoutCancel(ctx), d.ID, operator, reason, pubErr.Error())
+		return record(err, pubErr.Error())
 	case published && err != nil:
 		// The copy is on its way, and the transaction's end (its COMMIT:
 		// the mark is written before the publish) failed, taking the event
 		// with it: the row's history must still say a copy went out.
 		err = fmt.Errorf("published to %s; marking it REPLAYED: %w", listener.MainQueue, err)
-		r.Store.RecordFailure(context.WithoutCancel(ctx), d.ID, operator, reason, err.Error())
-		return err
+		return record(err, err.Error())
 	}
 	return err
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/order"
 	"github.com/paysvc/paysvc/internal/replay"
+	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/testenv"
 )
 
@@ -205,4 +206,121 @@ func TestReplayOnceBegunRunsToItsMark(t *testing.T) {
 	if err != nil || d.Status != deadletter.Replayed {
 		t.Fatalf("status %s, %v: want REPLAYED (the replay ran to its mark)", d.Status, err)
 	}
+}
+
+// A replay whose mark meets a database that stops answering (every byte
+// black-holed from the statement on, no reset: a dead network path) ends
+// within its bound, whatever the caller's context, instead of waiting for
+// the kernel's TCP timeout. Black-holed before the publish (the row's
+// lock), nothing goes out. Black-holed at the COMMIT, after the publish,
+// the server rolls the mark back once the statement is killed: the copy is
+// in the queue, the row stays replayable, and its history has a line that
+// says a copy went out. With the whole path silent after the publish, the
+// history line cannot be written either: that too ends within its bound,
+// and the replay's error says the line is missing.
+func TestReplayMarkOnASilentDatabaseIsBounded(t *testing.T) {
+	t.Parallel()
+	everything := func([]byte) bool { return true }
+	for _, tc := range []struct {
+		name          string
+		before, after func(toServer []byte) bool // black-holed from the start, from the publish on
+		copies        int                        // in the main queue
+		recorded      int                        // history lines saying a copy went out
+		wantErr       string
+	}{
+		{name: "the row's lock", before: func(b []byte) bool { return bytes.Contains(b, []byte("FOR UPDATE")) },
+			wantErr: "deadline exceeded"},
+		{name: "the commit", before: testenv.IsCommit, copies: 1, recorded: 1, wantErr: "published to " + listener.MainQueue},
+		{name: "everything after the publish", after: everything, copies: 1, wantErr: "the row's history could not record it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dsn, db := testenv.MySQL(t)
+			amqpURL := testenv.AMQP(t)
+			testenv.Declare(t, amqpURL, func(ch *amqp.Channel) error { return listener.Declare(ch, []time.Duration{time.Second}) })
+			ctx := context.Background()
+			id, _, err := deadletter.NewStore(db).Park(ctx, deadletter.Parked{OrderNo: "SIL1", Body: []byte(`{"orderNo":"SIL1"}`),
+				Headers: "{}", ErrorClass: "timeout", LastError: "x", FirstFailedAt: time.Now(), LastFailedAt: time.Now()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy, proxied := testenv.MySQLProxy(t, dsn)
+			pdb, err := sqldb.Open(ctx, proxied, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pdb.Close()
+			store := deadletter.NewStore(pdb)
+			rows, err := store.List(ctx, deadletter.Filter{Status: deadletter.New, Limit: 10})
+			if err != nil || len(rows) != 1 {
+				t.Fatalf("list: %d rows, %v", len(rows), err)
+			}
+			pub := &broker.DialingPublisher{URL: amqpURL, Name: t.Name(), Timeout: 5 * time.Second}
+			defer pub.Close()
+			published := 0
+			then := publishAndThen{pub, func() {
+				published++
+				if tc.after != nil {
+					proxy.BlackholeWhen(tc.after)
+				}
+			}}
+			const bound = 2 * time.Second
+			r := &replay.Replayer{Store: store, Orders: order.NewStore(pdb), DB: pdb, Publish: then, Timeout: bound}
+			if tc.before != nil {
+				proxy.BlackholeWhen(tc.before)
+			}
+			type replayed struct {
+				res []replay.Result
+				err error
+			}
+			done := make(chan replayed, 1)
+			start := time.Now()
+			go func() {
+				res, err := r.Replay(ctx, rows, "op", "test", false)
+				done <- replayed{res, err}
+			}()
+			var got replayed
+			select {
+			case got = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("replay still waiting after %s on a database that does not answer", time.Since(start).Round(time.Second))
+			}
+			if got.err != nil || len(got.res) != 1 || got.res[0].Err == nil || !strings.Contains(got.res[0].Err.Error(), tc.wantErr) {
+				t.Fatalf("replay: %+v, %v; want the row's replay to fail with %q", got.res, got.err, tc.wantErr)
+			}
+			if n := len(testenv.GetAll(t, amqpURL, listener.MainQueue)); n != published || n != tc.copies {
+				t.Fatalf("%d copies in the main queue, %d published, want %d", n, published, tc.copies)
+			}
+			d, events, err := deadletter.NewStore(db).Get(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Status != deadletter.New {
+				t.Fatalf("status %s, want NEW kept (the mark rolled back)", d.Status)
+			}
+			said := 0
+			for _, e := range events {
+				if e.Event == deadletter.EventReplayFailed && strings.Contains(e.Result, "published to "+listener.MainQueue) {
+					said++
+				}
+			}
+			if said != tc.recorded {
+				t.Fatalf("history %+v: %d lines say a copy went out, want %d (outcome %q)", events, said, tc.recorded, got.res[0].Outcome)
+			}
+		})
+	}
+}
+
+// publishAndThen publishes with pub, then calls then if the publish succeeded.
+type publishAndThen struct {
+	pub  replay.Publisher
+	then func()
+}
+
+func (p publishAndThen) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	err := p.pub.Publish(ctx, exchange, key, msg)
+	if err == nil {
+		p.then()
+	}
+	return err
 }

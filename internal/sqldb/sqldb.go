@@ -215,6 +215,7 @@ func InTx(ctx context.Context, db *sqlx.DB, fn func(tx *Tx) error) error {
 // MySQL server error numbers that carry meaning here.
 const (
 	errDupEntry       = 1062
+	errSyntax         = 1064
 	errLockWait       = 1205
 	errDeadlock       = 1213
 	errServerShutdown = 1053
@@ -265,6 +266,11 @@ func DuplicateKey(err error) string {
 	}
 	return name
 }
+
+// IsSyntax reports a statement the server cannot parse (1064): an older
+// server without the syntax paysvc asks for (SKIP LOCKED before MariaDB
+// 10.6 and MySQL 8.0).
+func IsSyntax(err error) bool { return code(err) == errSyntax }
 
 // IsDeadlock reports a deadlock (1213): InnoDB rolled the transaction back
 // at once, and running it again as a whole usually succeeds.

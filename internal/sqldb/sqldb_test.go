@@ -108,6 +108,25 @@ func TestServerErrorsSorted(t *testing.T) {
 	}
 }
 
+// A locking clause the server does not know is a syntax error (as SKIP
+// LOCKED is before MariaDB 10.6 and MySQL 8.0), which order.Grouper takes
+// as "do not ask again"; the servers paysvc runs on know SKIP LOCKED.
+func TestSyntaxErrorRecognised(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	var ids []int64
+	if err := db.Select(&ids, "SELECT user_id FROM t_account WHERE user_id IN (1, 2) FOR UPDATE SKIP LOCKED"); err != nil {
+		t.Fatalf("SKIP LOCKED: %v", err)
+	}
+	err := db.Select(&ids, "SELECT user_id FROM t_account WHERE user_id IN (1, 2) FOR UPDATE SKIP LOCKS")
+	if !sqldb.IsSyntax(err) {
+		t.Fatalf("an unknown locking clause: %v, want a syntax error", err)
+	}
+	if sqldb.IsSyntax(&mysql.MySQLError{Number: 1205}) {
+		t.Fatal("a lock wait timeout taken for a syntax error")
+	}
+}
+
 func TestDuplicateKeyName(t *testing.T) {
 	for msg, want := range map[string]string{
 		"Duplicate entry 'P1-PAY_DEDUCT' for key 'uk_biz_no_type'":                         "uk_biz_no_type",

@@ -225,3 +225,26 @@ func Held(t testing.TB, amqpURL, queue string) int {
 	}
 	return 0
 }
+
+// Total returns every message queue holds (rabbitmqctl list_queues
+// messages): ready, unacknowledged, and those a quorum queue keeps while its
+// dead-letter worker has not delivered them, which queue.declare (Depth)
+// does not count.
+func Total(t testing.TB, amqpURL, queue string) int {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := sandbox.RabbitmqCtlOutput("list_queues", "-p", strings.TrimPrefix(u.Path, "/"), "name", "messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == queue {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	return 0
+}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 )
@@ -16,18 +17,23 @@ import (
 // touching the shared server, or send new connections to another server
 // (SetTarget), as a load balancer does.
 type Proxy struct {
-	t    testing.TB
-	addr string
-
-	mu     sync.Mutex
+	t      testing.TB
 	target string
-	ln     net.Listener
-	conns  map[net.Conn]struct{}
-	hole   func(toServer []byte) bool
-	after  bool // forward the matching chunk before the black hole
-	cut    bool // close the connection instead of black-holing it
+	addr   string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]struct{}
+	hole  func(toServer []byte) bool
+	after bool // forward the matching chunk before the black hole
+	cut   bool // close the connection instead of black-holing it
+	seq   int  // connections accepted
 
 	query, with []byte // ReplaceQuery
+
+	hold    func(toServer []byte) (held, rest []byte)
+	holdFor time.Duration
+	watch   func(conn int, toServer bool, chunk []byte)
 }
 
 // BlackholeWhen makes the proxy black-hole a connection as soon as a chunk
@@ -86,6 +92,28 @@ func replace(chunk, query, with []byte) []byte {
 	}
 	n := 1 + len(with)
 	return append([]byte{byte(n), byte(n >> 8), byte(n >> 16), chunk[3], 3}, with...)
+}
+
+// HoldWhen makes the proxy hold part of what the client sends for d,
+// while what the client sends after it goes on to the server: a request
+// that reaches the server after requests the client made later, as if it
+// had been made later itself. split takes each chunk the client sends and
+// returns the part to hold (nil: none) and the rest, forwarded at once.
+// Both must be whole protocol messages (AMQP frames: HoldAMQP), or the
+// stream is corrupted.
+func (p *Proxy) HoldWhen(split func(toServer []byte) (held, rest []byte), d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hold, p.holdFor = split, d
+}
+
+// Watch has the proxy call fn with each chunk as it forwards it, either
+// way; conn numbers the proxied connections from 1, in the order they
+// came. fn is called from several goroutines, and must not keep chunk.
+func (p *Proxy) Watch(fn func(conn int, toServer bool, chunk []byte)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.watch = fn
 }
 
 // NewProxy listens on a free loopback port and forwards to target.
@@ -175,10 +203,14 @@ func (p *Proxy) pipe(client net.Conn) {
 		client.Close()
 		return
 	}
+	p.mu.Lock()
+	p.seq++
+	conn := p.seq
+	p.mu.Unlock()
 	var holed atomic.Bool
 	done := make(chan struct{}, 2)
-	go func() { p.copy(server, client, &holed, true); done <- struct{}{} }()
-	go func() { p.copy(client, server, &holed, false); done <- struct{}{} }()
+	go func() { p.copy(conn, server, client, &holed, true); done <- struct{}{} }()
+	go func() { p.copy(conn, client, server, &holed, false); done <- struct{}{} }()
 	<-done
 	if holed.Load() {
 		return // both sides stay open, silent, until Down
@@ -190,28 +222,51 @@ func (p *Proxy) pipe(client net.Conn) {
 // copy forwards src to dst until either ends. Once the connection is
 // black-holed (a chunk from the client matched), it reads and drops
 // everything, both ways, and keeps both sockets open.
-func (p *Proxy) copy(dst, src net.Conn, holed *atomic.Bool, fromClient bool) {
+func (p *Proxy) copy(conn int, dst, src net.Conn, holed *atomic.Bool, fromClient bool) {
 	buf := make([]byte, 64<<10)
+	var wmu sync.Mutex // a held chunk is written from a goroutine of its own
+	write := func(b []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		p.mu.Lock()
+		watch := p.watch
+		p.mu.Unlock()
+		if watch != nil {
+			watch(conn, fromClient, b)
+		}
+		_, err := dst.Write(b)
+		return err
+	}
 	for {
 		n, err := src.Read(buf)
 		if n > 0 && !holed.Load() {
-			forward := true
-			chunk := buf[:n]
+			forward, chunk := true, buf[:n]
 			if fromClient {
 				p.mu.Lock()
-				hole, after, cut := p.hole, p.after, p.cut
+				hole, after, cut, hold, holdFor := p.hole, p.after, p.cut, p.hold, p.holdFor
 				chunk = replace(chunk, p.query, p.with)
 				p.mu.Unlock()
-				if hole != nil && hole(chunk) {
+				switch {
+				case hole != nil && hole(chunk):
 					if cut {
 						return // pipe closes both sides
 					}
 					holed.Store(true)
 					forward = after
+				case hold != nil:
+					if held, rest := hold(chunk); held != nil {
+						held = bytes.Clone(held)
+						time.AfterFunc(holdFor, func() {
+							if !holed.Load() {
+								write(held) // a failure is the connection's end, seen by the loop
+							}
+						})
+						chunk = rest
+					}
 				}
 			}
-			if forward {
-				if _, werr := dst.Write(chunk); werr != nil {
+			if forward && len(chunk) > 0 {
+				if werr := write(chunk); werr != nil {
 					return
 				}
 			}

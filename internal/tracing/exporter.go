@@ -20,7 +20,7 @@ type Span struct {
 	Context Context
 	Parent  [8]byte // zero: a root span
 	Name    string
-	Kind    int // OTLP SpanKind: 1 internal, 3 client, 5 consumer
+	Kind    int // OTLP SpanKind: KindClient or KindConsumer
 	Start   time.Time
 	End     time.Time
 	Attrs   map[string]string
@@ -29,7 +29,6 @@ type Span struct {
 
 // OTLP span kinds used here.
 const (
-	KindInternal = 1
 	KindClient   = 3
 	KindConsumer = 5
 )
