@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -139,6 +140,41 @@ var clusterScenarios = []scenario{
 		delays: []time.Duration{time.Second, 3 * time.Second}, maxAttempts: 100, holdLate: true, shape: retrying,
 		inject: leaderKills(6, 3*time.Second),
 		verify: all(leadersKilled(2), handledAfterFault)},
+	{name: "dlx-workers-stopped", faults: "every node's quorum dead-letter workers stopped (as a leader change can leave them) for 8s of retries",
+		delays: []time.Duration{time.Second, 3 * time.Second}, maxAttempts: 100, holdLate: true, shape: retrying,
+		inject: stopDLXWorkers(8 * time.Second),
+		verify: injected(4, "dead-letter workers stopped")},
+}
+
+// stopDLXWorkers stops, on every node, the at-least-once dead-letter worker
+// of every quorum queue: the state RabbitMQ 3.10 can be left in after leader
+// changes (the queue's registered worker gone, no other started until its
+// leader changes again), in which an expired message stays in its queue,
+// counted in its messages, neither ready nor unacked. Retries flow through
+// the wait queues for d after it; nothing starts the workers again.
+func stopDLXWorkers(d time.Duration) func(context.Context, *world, *rand.Rand) (int, error) {
+	return func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {
+		if !at(ctx, 500*time.Millisecond) {
+			return 0, nil
+		}
+		const stop = `length([supervisor:terminate_child(rabbit_fifo_dlx_sup, P) || ` +
+			`{_, P, _, _} <- supervisor:which_children(rabbit_fifo_dlx_sup), is_pid(P)]).`
+		n := 0
+		for _, node := range w.cluster.alive() {
+			out, err := w.cluster.ctlOutput(node, "eval", stop)
+			if err != nil {
+				return n, err
+			}
+			stopped, err := strconv.Atoi(strings.TrimSpace(out))
+			if err != nil {
+				return n, fmt.Errorf("eval on %s printed %q", node.name, out)
+			}
+			n += stopped
+		}
+		w.hit(n)
+		at(ctx, d)
+		return n, nil
+	}
 }
 
 // leaderAfter waits d into the scenario (the load is flowing), then returns
