@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -158,24 +159,52 @@ func (st *endState) poorParked(wl *workload) int {
 	return n
 }
 
+// queues names every queue paysvc consumes or dead-letters through.
 func (w *world) queues() []string {
-	qs := []string{listener.MainQueue, listener.TerminalQueue}
+	qs := []string{listener.MainQueue}
 	for _, d := range w.delays {
 		qs = append(qs, listener.WaitQueue(d))
 	}
-	return qs
+	return append(qs, listener.TerminalQueue, listener.OverflowQueue)
 }
 
-// depths reads every paysvc queue's messages as rabbitmqctl list_queues
-// counts them: ready, unacked (a copy paysvc's mover holds until due, a
-// message in a worker's hands) and any a quorum queue keeps for its
+// depths reads every paysvc queue's total as rabbitmqctl list_queues
+// counts it (totals): ready, unacked (a copy paysvc's mover holds until
+// due, a message in a worker's hands) and any a quorum queue keeps for its
 // dead-letter worker. queue.declare counts the ready ones alone, and a
 // scenario whose copies wait in the movers' hands would look settled.
 func (w *world) depths() (map[string]int, error) {
-	args := []string{"list_queues", "-p", w.vhost, "--no-table-headers", "name", "messages"}
+	counts, err := w.totals()
+	if err != nil {
+		return nil, err
+	}
+	depths := map[string]int{}
+	for q, n := range counts {
+		depths[q] = n.total
+	}
+	return depths, nil
+}
+
+// queueCount is one queue's messages as rabbitmqctl counts them. The total
+// counts what a quorum queue holds besides its ready and unacked messages:
+// expired or rejected messages waiting for its at-least-once dead-letter
+// worker, which queue.declare (ready only) never shows.
+type queueCount struct{ total, ready, unacked int }
+
+func (q queueCount) String() string {
+	return fmt.Sprintf("%d (ready %d, unacked %d)", q.total, q.ready, q.unacked)
+}
+
+// totals reads every paysvc queue's counts with rabbitmqctl list_queues, on
+// the first cluster node that answers or on the shared broker. A queue that
+// is not listed with numbers (no leader) is an error.
+func (w *world) totals() (map[string]queueCount, error) {
+	args := []string{"list_queues", "-p", w.vhost, "--no-table-headers",
+		"name", "messages", "messages_ready", "messages_unacknowledged"}
 	var out string
-	err := errors.New("no broker node answers")
+	var err error
 	if c := w.cluster; c != nil {
+		err = errors.New("no node runs")
 		for _, n := range c.alive() {
 			if out, err = c.ctlOutput(n, args...); err == nil {
 				break
@@ -187,23 +216,64 @@ func (w *world) depths() (map[string]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	listed := map[string]int{}
+	return parseCounts(out, w.queues())
+}
+
+// parseCounts reads list_queues' "name messages messages_ready
+// messages_unacknowledged" lines for the queues named.
+func parseCounts(out string, queues []string) (map[string]queueCount, error) {
+	listed := map[string]queueCount{}
 	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) == 2 {
-			if n, err := strconv.Atoi(f[1]); err == nil {
-				listed[f[0]] = n
-			}
+		f := strings.Fields(line)
+		if len(f) != 4 {
+			continue
+		}
+		var n [3]int
+		ok := true
+		for i := range n {
+			var err error
+			n[i], err = strconv.Atoi(f[i+1])
+			ok = ok && err == nil
+		}
+		if ok {
+			listed[f[0]] = queueCount{total: n[0], ready: n[1], unacked: n[2]}
 		}
 	}
-	depths := map[string]int{}
-	for _, q := range w.queues() {
+	counts := map[string]queueCount{}
+	for _, q := range queues {
 		n, ok := listed[q]
 		if !ok {
-			return nil, fmt.Errorf("%s is not listed with its count", q)
+			return nil, fmt.Errorf("%s is not listed with its counts", q)
 		}
-		depths[q] = n
+		counts[q] = n
 	}
-	return depths, nil
+	return counts, nil
+}
+
+// drained reports whether every queue holds nothing at all, and otherwise
+// what each holds.
+func drained(counts map[string]queueCount) (bool, []string) {
+	var left []string
+	for q, n := range counts {
+		if n != (queueCount{}) {
+			left = append(left, q+" "+n.String())
+		}
+	}
+	slices.Sort(left)
+	return len(left) == 0, left
+}
+
+// waitDrained reads the totals until every queue holds nothing or within
+// passes (a quorum queue's counts trail by a few seconds), and returns the
+// last reading.
+func (w *world) waitDrained(ctx context.Context, within time.Duration) (map[string]queueCount, error) {
+	deadline := time.Now().Add(within)
+	for {
+		counts, err := w.totals()
+		if ok, _ := drained(counts); err == nil && ok || time.Now().After(deadline) || !at(ctx, time.Second) {
+			return counts, err
+		}
+	}
 }
 
 // invariant is one checked property.
@@ -318,6 +388,13 @@ func (w *world) check(ctx context.Context, wl *workload, latePark bool) []invari
 	}
 	scanErr = cmp.Or(scanErr, iter.Err())
 	add("redis-done", scanErr == nil && len(doneUnpaid) == 0, "done keys on unpaid orders: %v %v", first(doneUnpaid, 5), scanErr)
+
+	// 5: with the instances stopped, every queue holds nothing at all: its
+	// total, not only what queue.declare reports, so that a message a
+	// quorum queue holds for its dead-letter worker shows.
+	counts, err := w.waitDrained(ctx, 10*time.Second)
+	ok, left := drained(counts)
+	add("drained", err == nil && ok, "left in the queues (total, of it ready and unacked): %v %v", left, err)
 	return out
 }
 
@@ -341,7 +418,8 @@ func first(s []string, n int) []string {
 	return s
 }
 
-// waitSettled polls until settled or the deadline.
+// waitSettled polls until settled, and then every queue's total is 0
+// (rabbitmqctl, read only then: it costs a second of CPU), or the deadline.
 func (w *world) waitSettled(ctx context.Context, wl *workload, latePark bool, within time.Duration) bool {
 	deadline := time.Now().Add(within)
 	streak := 0
@@ -350,7 +428,14 @@ func (w *world) waitSettled(ctx context.Context, wl *workload, latePark bool, wi
 		if ok {
 			streak++
 			if streak >= 3 {
-				return true
+				counts, err := w.totals()
+				if ok, _ := drained(counts); err == nil && ok {
+					return true
+				}
+				streak = 0
+				if !at(ctx, 2*time.Second) {
+					return false
+				}
 			}
 		} else {
 			streak = 0

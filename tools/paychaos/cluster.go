@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/paysvc/paysvc/internal/listener"
 )
 
 // cluster is the production topology on loopback ports of its own, from
@@ -238,24 +240,61 @@ func (c *cluster) alive() []*rabbitNode {
 }
 
 // leader returns the index of the node that leads vhost's q.pay.success.
-func (c *cluster) leader(vhost string) (int, error) {
+func (c *cluster) leader(vhost string) (int, error) { return c.leaderOf(vhost, listener.MainQueue) }
+
+// leaderOf returns the index of the node that leads vhost's queue q.
+func (c *cluster) leaderOf(vhost, q string) (int, error) {
+	leaders, _, err := c.leaders(vhost)
+	if err != nil {
+		return -1, err
+	}
+	l, ok := leaders[q]
+	if !ok {
+		return -1, fmt.Errorf("%s has no leader now", q)
+	}
+	return l, nil
+}
+
+// leaders returns, for every queue of vhost that has a leader on a node of
+// ours, that node's index and the queue's total messages, as the first
+// running node that answers tells.
+func (c *cluster) leaders(vhost string) (leaders, messages map[string]int, err error) {
+	err = errors.New("no node runs")
 	for _, n := range c.alive() {
-		out, err := c.ctlOutput(n, "list_queues", "-p", vhost, "name", "leader")
-		if err != nil {
+		var out string
+		if out, err = c.ctlOutput(n, "list_queues", "-p", vhost, "--no-table-headers", "name", "leader", "messages"); err != nil {
 			continue
 		}
+		leaders, messages = map[string]int{}, map[string]int{}
 		for _, line := range strings.Split(out, "\n") {
-			if f := strings.Fields(line); len(f) == 2 && f[0] == "q.pay.success" {
-				for i, m := range c.nodes {
-					if m.name == f[1] {
-						return i, nil
-					}
+			f := strings.Fields(line)
+			if len(f) != 3 {
+				continue
+			}
+			for i, m := range c.nodes {
+				if m.name == f[1] {
+					leaders[f[0]] = i
 				}
-				return -1, fmt.Errorf("leader %s is no node of ours", f[1])
+			}
+			if m, err := strconv.Atoi(f[2]); err == nil {
+				messages[f[0]] = m
+			}
+		}
+		return leaders, messages, nil
+	}
+	return nil, nil, err
+}
+
+// saveLogs copies every node's log files into dir, as rabbit-N-<file>.
+func (c *cluster) saveLogs(dir string) {
+	for i, n := range c.nodes {
+		files, _ := filepath.Glob(filepath.Join(n.dir, "log", "*.log"))
+		for _, f := range files {
+			if b, err := os.ReadFile(f); err == nil {
+				os.WriteFile(filepath.Join(dir, fmt.Sprintf("rabbit-%d-%s", i+1, filepath.Base(f))), b, 0o644)
 			}
 		}
 	}
-	return -1, errors.New("q.pay.success has no leader now")
 }
 
 // amqpURLs returns every node's URL for vhost, comma-separated.

@@ -8,7 +8,10 @@
 //   - accounted:  every confirmed-published payment is applied, recognised as a
 //     duplicate, or parked as a dead letter with a reason; main, wait and
 //     terminal queues empty with the instances stopped (nothing unacked);
-//   - redis-done: a Redis "done" key implies the payment is applied.
+//   - redis-done: a Redis "done" key implies the payment is applied;
+//   - drained:    with the instances stopped, every paysvc queue holds
+//     nothing at all (rabbitmqctl's total, which counts what a quorum queue
+//     holds for its dead-letter worker, not only ready and unacked).
 //
 // Usage:
 //
@@ -117,8 +120,8 @@ func suite() int {
 
 	var results []result
 	suite := scenarios
-	worldFor := func(ctx context.Context, name string) (*world, error) {
-		return newWorld(ctx, name, srv, *binary, *logDir)
+	worldFor := func(ctx context.Context, name string, delays []time.Duration) (*world, error) {
+		return newWorld(ctx, name, delays, srv, *binary, *logDir)
 	}
 	if *clusterMode {
 		dir, err := os.MkdirTemp("", "paychaos-cluster-")
@@ -137,11 +140,11 @@ func suite() int {
 			time.Since(started).Round(100*time.Millisecond), c.nodeNames(), c.redis[0].port, c.redis[1].port,
 			c.sentinelAddrs(), c.mysqlPort)
 		suite = clusterScenarios
-		worldFor = func(ctx context.Context, name string) (*world, error) {
+		worldFor = func(ctx context.Context, name string, delays []time.Duration) (*world, error) {
 			if err := c.heal(ctx); err != nil {
 				return nil, err
 			}
-			return newClusterWorld(ctx, name, c, *binary, *logDir)
+			return newClusterWorld(ctx, name, delays, c, *binary, *logDir)
 		}
 	}
 	if *soak {
@@ -197,15 +200,16 @@ func hash(s string) uint64 {
 	return h.Sum64()
 }
 
-func runScenario(ctx context.Context, s scenario, idx int, worldFor func(context.Context, string) (*world, error), seed uint64, orders int) (r result) {
+func runScenario(ctx context.Context, s scenario, idx int, worldFor func(context.Context, string, []time.Duration) (*world, error), seed uint64, orders int) (r result) {
 	r = result{name: s.name, faults: s.faults}
 	rng := rand.New(rand.NewPCG(seed, hash(s.name)))
-	w, err := worldFor(ctx, s.name)
+	w, err := worldFor(ctx, s.name, s.delays)
 	if err != nil {
 		r.err = err
 		return r
 	}
 	defer w.close()
+	w.maxAttempts = s.maxAttempts
 	s = s.bind(w)
 	copies := s.dupCopies
 	if copies == 0 {
@@ -247,11 +251,20 @@ func runScenario(ctx context.Context, s scenario, idx int, worldFor func(context
 		publishers, pace = 3, 0
 	}
 	wg.Go(func() { _, injectErr = w.publish(ctx, rest, wl.headers, publishers, pace) })
-	wg.Go(func() { lateOrders(ctx, w, wl) })
+	// The late orders come 1.5 s into the load, or, for a scenario that
+	// holds them, once its fault is over: their payments retry meanwhile.
+	late := make(chan struct{})
+	if !s.holdLate {
+		time.AfterFunc(1500*time.Millisecond, func() { close(late) })
+	}
+	wg.Go(func() { lateOrders(ctx, w, wl, late) })
 	if s.inject != nil {
 		r.injected, r.err = s.inject(ctx, w, rng)
 	} else if len(s.crash) > 0 {
 		r.injected = 1
+	}
+	if s.holdLate {
+		close(late)
 	}
 	wg.Wait()
 	if r.err == nil {
@@ -282,10 +295,13 @@ func runScenario(ctx context.Context, s scenario, idx int, worldFor func(context
 }
 
 // lateOrders creates the late orders after their payments were published,
-// each until it is in (MySQL may be down at that moment).
-func lateOrders(ctx context.Context, w *world, wl *workload) {
-	if !at(ctx, 1500*time.Millisecond) {
+// once ready is closed, each until it is in (MySQL may be down at that
+// moment).
+func lateOrders(ctx context.Context, w *world, wl *workload, ready <-chan struct{}) {
+	select {
+	case <-ctx.Done():
 		return
+	case <-ready:
 	}
 	for _, o := range wl.late {
 		for w.insertOrder(ctx, o) != nil && !isDuplicate(w, o) {
@@ -307,7 +323,7 @@ func isDuplicate(w *world, o order) bool {
 func runSoak(ctx context.Context, srv servers, binary, logDir string, seed uint64, d time.Duration) (r result) {
 	r = result{name: "soak", faults: fmt.Sprintf("random mix, seed %d, %s", seed, d)}
 	rng := rand.New(rand.NewPCG(seed, 1))
-	w, err := newWorld(ctx, "soak", srv, binary, logDir)
+	w, err := newWorld(ctx, "soak", nil, srv, binary, logDir)
 	if err != nil {
 		r.err = err
 		return r
@@ -351,7 +367,9 @@ func runSoak(ctx context.Context, srv servers, binary, logDir string, seed uint6
 			all.merge(wl)
 			r.msgs += len(wl.messages)
 			r.dups += wl.dups
-			go lateOrders(ctx, w, wl)
+			late := make(chan struct{})
+			time.AfterFunc(1500*time.Millisecond, func() { close(late) })
+			go lateOrders(ctx, w, wl, late)
 			at(soakCtx, 2*time.Second)
 		}
 	})
@@ -394,7 +412,7 @@ func (a *workload) merge(b *workload) {
 
 func report(results []result) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nSCENARIO\tFAULTS INJECTED\tMSGS\tDUP COPIES\tFIRST\tDUPLICATE\tPARKED\tRESTARTS\tone-flow\tbalances\taccounted\tredis-done\texits\tevidence\tRESULT")
+	fmt.Fprintln(tw, "\nSCENARIO\tFAULTS INJECTED\tMSGS\tDUP COPIES\tFIRST\tDUPLICATE\tPARKED\tRESTARTS\tone-flow\tbalances\taccounted\tredis-done\tdrained\texits\tevidence\tRESULT")
 	passed, failed := 0, 0
 	var problems []string
 	for _, r := range results {
@@ -405,7 +423,7 @@ func report(results []result) {
 				problems = append(problems, fmt.Sprintf("%s %s: %s", r.name, inv.name, inv.detail))
 			}
 		}
-		for len(cells) < 6 {
+		for len(cells) < 7 {
 			cells = append(cells, "-")
 		}
 		if r.err != nil {

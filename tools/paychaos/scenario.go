@@ -32,6 +32,14 @@ type scenario struct {
 	// order_not_found instead of PAID: only a scenario whose fault can
 	// outlast a late order's whole retry budget says so.
 	latePark bool
+	// holdLate creates the late orders only once inject returns (instead
+	// of 1.5 s into the load): their payments walk the wait queues for the
+	// whole fault.
+	holdLate bool
+	// delays and maxAttempts replace the wait queues' delays and
+	// PAYSVC_RETRY_MAXATTEMPTS (nil, 0: the suite's).
+	delays      []time.Duration
+	maxAttempts int
 }
 
 // hasHandled reports whether instance i has logged a handled message.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,7 +51,9 @@ type world struct {
 	amqpURL  string // direct, for publishing and inspecting
 	rdb      *redis.Client
 	prefix   string
-	delays   []time.Duration
+	delays   []time.Duration // the wait queues' delays (PAYSVC_RETRY_DELAYS)
+	// maxAttempts is PAYSVC_RETRY_MAXATTEMPTS; 0: 6.
+	maxAttempts int
 	// The instances' own MySQL user and Redis ACL user (name and
 	// password; "" in the cluster suite), so that a fault meant for paysvc
 	// hits only its connections, never the suite's or another client's of
@@ -71,6 +75,9 @@ type world struct {
 	notes                  []string  // what a scenario measured, for the report
 	faultAt                time.Time // when the fault ended (or hit): evidence looks after it
 	minority, majority     time.Time // the cluster lost and regained its majority
+	// leaderKills counts, per queue, the kills of its leader's node after
+	// which another node was elected its leader.
+	leaderKills map[string]int
 }
 
 // note records a measurement for the report.
@@ -104,11 +111,21 @@ func randHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// newWorld makes a scenario's database, vhost, key prefix and proxies; on
-// an error it removes what it made.
-func newWorld(ctx context.Context, name string, srv servers, binary, logDir string) (_ *world, err error) {
-	w := &world{name: name, srv: srv, binary: binary,
-		delays: []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, time.Second}}
+// defaultDelays are the wait queues' delays unless a scenario names others.
+var defaultDelays = []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, time.Second}
+
+func orDefault(delays []time.Duration) []time.Duration {
+	if len(delays) == 0 {
+		return defaultDelays
+	}
+	return delays
+}
+
+// newWorld makes a scenario's database, vhost, key prefix and proxies, and
+// declares the topology with the wait queues of delays (nil: defaultDelays);
+// on an error it removes what it made.
+func newWorld(ctx context.Context, name string, delays []time.Duration, srv servers, binary, logDir string) (_ *world, err error) {
+	w := &world{name: name, srv: srv, binary: binary, delays: orDefault(delays)}
 	defer func() {
 		if err != nil {
 			w.close()
@@ -180,9 +197,8 @@ func (w *world) setup(ctx context.Context, logDir, mysqlDSN string) error {
 // newClusterWorld makes a scenario's database, vhost and key prefix on the
 // cluster's own servers; the instances reach them directly (every broker
 // node, the Sentinels), with no proxy.
-func newClusterWorld(ctx context.Context, name string, c *cluster, binary, logDir string) (_ *world, err error) {
-	w := &world{name: name, binary: binary, cluster: c,
-		delays: []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, time.Second}}
+func newClusterWorld(ctx context.Context, name string, delays []time.Duration, c *cluster, binary, logDir string) (_ *world, err error) {
+	w := &world{name: name, binary: binary, cluster: c, delays: orDefault(delays)}
 	defer func() {
 		if err != nil {
 			w.close()
@@ -251,6 +267,7 @@ func (w *world) close() {
 		w.database.Close()
 	}
 	if w.cluster != nil {
+		w.cluster.saveLogs(w.dir)
 		w.cluster.deleteVhost(w.vhost)
 	} else {
 		sandbox.DeleteVhost(w.vhost)
@@ -310,7 +327,7 @@ func (w *world) env() []string {
 		"PAYSVC_MYSQL_LOCKWAITTIMEOUT=1s",
 		"PAYSVC_MYSQL_IDLETRANSACTIONTIMEOUT=3s",
 		"PAYSVC_RETRY_DELAYS="+strings.Join(delays, ","),
-		"PAYSVC_RETRY_MAXATTEMPTS=6",
+		"PAYSVC_RETRY_MAXATTEMPTS="+strconv.Itoa(cmp.Or(w.maxAttempts, 6)),
 		"PAYSVC_AMQP_WORKERS=8",
 		"PAYSVC_AMQP_PREFETCH=16",
 		"PAYSVC_AMQP_DRAINTIMEOUT=10s",
