@@ -367,6 +367,12 @@ const lockReleaseTimeout = 5 * time.Second
 // without a word. The connection is closed afterwards, not pooled: its
 // raised idle timeout would outlive the lock, and on MySQL the idle timeout
 // is what bounds a frozen client's open transaction.
+//
+// GET_LOCK is known only to the server that grants it: on a Galera or
+// Percona XtraDB Cluster, a process on another node is granted the same
+// name. Jobs that must run once across replicas take a Lease instead;
+// Lock serves the migrations, which run before t_lease exists (see
+// Migrate).
 func Lock(ctx context.Context, db *sqlx.DB, name string, wait time.Duration) (*sqlx.Conn, func(), error) {
 	conn, err := db.Connx(ctx)
 	if err != nil {
