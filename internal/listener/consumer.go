@@ -331,7 +331,14 @@ func (c *Consumer) probeDependencies(ctx context.Context) error {
 		}
 		return &depError{ReasonMySQLUnavailable, err}
 	}
-	if err := ping(func(ctx context.Context) error { return c.orders.ProbeWrites(ctx, c.instance) }); err != nil {
+	err := ping(func(ctx context.Context) error { return c.orders.ProbeWrites(ctx, c.instance) })
+	if sqldb.IsDeadlock(err) {
+		// The probe's write reached the server and lost to another's
+		// (two processes of one host, whose probes share a row, probing
+		// through two Galera nodes): the server takes writes.
+		err = nil
+	}
+	if err != nil {
 		switch {
 		case errors.Is(err, order.ErrWritesStalled):
 			return &depError{ReasonMySQLWritesStalled, err}

@@ -61,3 +61,21 @@ func TestNodeNotReadyHoldsEvenWhenTheProbePasses(t *testing.T) {
 		t.Error("no pause for mysql_node_not_ready logged: the fault never hit")
 	}
 }
+
+// Two processes of one host share their write probe's row; probing through
+// two Galera nodes at once, one probe loses the certification (1213). A
+// write the server certified is a server that takes writes: the consumer
+// starts and pays, it does not wait for a probe that wins.
+func TestProbeThatLosesACertificationIsUp(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	mysqlProxy, dsn := testenv.MySQLProxy(t, e.dsn)
+	mysqlProxy.ReplaceWhen(func(toServer []byte) bool { return bytes.Contains(toServer, []byte("t_write_probe")) },
+		"SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, MESSAGE_TEXT = 'Deadlock found when trying to get lock; try restarting transaction'")
+	e.seedAccount(94, "10.00")
+	msgs := e.seedOrders("GPD%02d", 94, 2)
+	c := e.start(e.redisAddr, dsn)
+	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready: a probe that lost a certification held it")
+	e.publish(msgs...)
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.totalFlows() == 2 }, "payments not applied")
+}
