@@ -32,6 +32,9 @@ type scenario struct {
 	// order_not_found instead of PAID: only a scenario whose fault can
 	// outlast a late order's whole retry budget says so.
 	latePark bool
+	// spread, if set, is how long the load is spread over instead of
+	// spread: a fault that takes seconds to set up meets work in progress.
+	spread time.Duration
 }
 
 // hasHandled reports whether instance i has logged a handled message.

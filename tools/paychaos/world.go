@@ -71,6 +71,10 @@ type world struct {
 	notes                  []string  // what a scenario measured, for the report
 	faultAt                time.Time // when the fault ended (or hit): evidence looks after it
 	minority, majority     time.Time // the cluster lost and regained its majority
+	galera                 *galera   // a Galera scenario's cluster (galera.go)
+	// extraEnv, if set, is instance i's environment beyond env's (later
+	// entries win): a Galera scenario's MySQL address.
+	extraEnv func(i int) []string
 }
 
 // note records a measurement for the report.
@@ -330,6 +334,9 @@ func mustHost(u string) string {
 func (w *world) startInstances(n int, crash []string) error {
 	for i := range n {
 		in := &instance{name: fmt.Sprintf("%s-%d", w.name, i+1), env: w.env()}
+		if w.extraEnv != nil {
+			in.env = append(in.env, w.extraEnv(i)...)
+		}
 		if i == 0 {
 			in.oneShot = crash
 		}
