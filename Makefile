@@ -61,7 +61,7 @@ chaos: services
 # three Sentinels, a MariaDB of its own and a 3-node Galera cluster behind
 # HAProxy, on loopback ports of their own (the shared servers are left
 # alone), 3 paysvc instances given every node, node and master failures.
-# About 7 minutes here; needs root.
+# About 5 minutes here; needs root.
 chaos-cluster: services
 	scripts/ensure-galera.sh
 	$(GO) build -tags faultinject -o bin/paysvc-faultinject ./cmd/paysvc

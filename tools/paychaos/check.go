@@ -323,12 +323,22 @@ func first(s []string, n int) []string {
 // waitSettled polls until settled or the deadline.
 func (w *world) waitSettled(ctx context.Context, wl *workload, latePark bool, within time.Duration) bool {
 	deadline := time.Now().Add(within)
+	// Settled for longer than the longest wait: the mover holds a retry
+	// copy unacked until it is due, and a queue's depth counts only the
+	// messages ready.
+	var longest time.Duration
+	for _, d := range w.delays {
+		longest = max(longest, d)
+	}
 	streak := 0
+	var since time.Time
 	for time.Now().Before(deadline) {
 		ok, _ := w.settled(ctx, wl, latePark)
 		if ok {
-			streak++
-			if streak >= 3 {
+			if streak++; streak == 1 {
+				since = time.Now()
+			}
+			if streak >= 3 && time.Since(since) > 2*longest {
 				return true
 			}
 		} else {
