@@ -58,10 +58,12 @@ chaos: services
 	scripts/leftovers.sh check tmp/leftovers.chaos
 
 # The cluster suite: a 3-node RabbitMQ cluster, Redis with a replica and
-# three Sentinels and a MariaDB of its own, on loopback ports of their own
-# (the shared servers are left alone), 3 paysvc instances given every node,
-# node and master failures. About 2 minutes here; needs root.
+# three Sentinels, a MariaDB of its own and a 3-node Galera cluster behind
+# HAProxy, on loopback ports of their own (the shared servers are left
+# alone), 3 paysvc instances given every node, node and master failures.
+# About 5 minutes here; needs root.
 chaos-cluster: services
+	scripts/ensure-galera.sh
 	$(GO) build -tags faultinject -o bin/paysvc-faultinject ./cmd/paysvc
 	cd tools && $(GO) build -o ../bin/paychaos ./paychaos
 	scripts/leftovers.sh snapshot tmp/leftovers.cluster

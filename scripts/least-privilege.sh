@@ -64,6 +64,7 @@ SQL
 		"schema_migrations:SELECT"
 		"t_admin_session:SELECT, INSERT, UPDATE"
 		"t_write_probe:SELECT, INSERT, UPDATE"
+		"t_lease:SELECT, INSERT, UPDATE"
 	)
 	local tables sql="" missing=() g
 	tables=$($MYSQL -N -B -e "SELECT table_name FROM information_schema.tables WHERE table_schema = $(sql_quote "$DB")")

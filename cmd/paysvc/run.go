@@ -63,11 +63,17 @@ func openMySQL(ctx context.Context, cfg *Config, log *zap.Logger) (*sqldb.DB, er
 			return nil, err // waiting cannot fix it
 		}
 		if err == nil {
-			if err := sqldb.CheckSchema(ctx, db, ms); err != nil {
-				db.Close()
+			err = sqldb.CheckSchema(ctx, db, ms)
+			if err == nil {
+				return db, nil
+			}
+			db.Close()
+			if !sqldb.IsConnection(err) {
 				return nil, err
 			}
-			return db, nil
+			// The server went away between the ping and the check (a
+			// Galera node that left the primary component answers 1047):
+			// wait, as for a server that does not answer.
 		}
 		log.Warn("mysql unavailable; waiting", zap.Error(err), zap.Duration("backoff", wait))
 		select {

@@ -61,10 +61,12 @@ func (a *Alerter) Run(ctx context.Context) {
 	}
 }
 
-// alertLock is the named lock one replica's round holds: every replica
-// runs an Alerter on the same rows, and without it each would post every
-// alert (a round's read, post and mark are not atomic).
-const alertLock = "paysvc.alerts"
+// alertLease is the lease one replica's round holds: every replica runs
+// an Alerter on the same rows, and without it each would post every alert
+// (a round's read, post and mark are not atomic). A lease row rather than
+// GET_LOCK: on a Galera cluster two replicas on two nodes would both be
+// granted the named lock.
+const alertLease = "paysvc.alerts"
 
 // SendPending posts every pending alert, one replica at a time (a round
 // that finds another replica's under way leaves the alerts to it). It stops
@@ -75,7 +77,7 @@ func (a *Alerter) SendPending(ctx context.Context) error {
 	if err != nil || len(pending) == 0 {
 		return err
 	}
-	_, release, err := sqldb.Lock(ctx, a.Store.db, alertLock, 0)
+	ctx, release, err := sqldb.Lease(ctx, a.Store.db, alertLease, 0)
 	if errors.Is(err, sqldb.ErrLocked) {
 		return nil // another replica is sending them
 	}
@@ -83,6 +85,8 @@ func (a *Alerter) SendPending(ctx context.Context) error {
 		return err
 	}
 	defer release()
+	// From here on ctx ends if the lease is lost: the round stops before
+	// another replica's may start.
 	// Read again under the lock: a round that just ended marked some.
 	if pending, err = a.Store.PendingAlerts(ctx, 100); err != nil {
 		return err

@@ -45,6 +45,7 @@ const (
 	ClassLockWait         Class = "lock_wait_timeout"
 	ClassUnknown          Class = "unknown"
 	ClassMySQLUnavailable Class = "mysql_unavailable"
+	ClassNodeNotReady     Class = "mysql_node_not_ready"
 	ClassCommitUnknown    Class = "commit_unknown"
 	ClassRedisUnavailable Class = "redis_unavailable"
 	ClassTimeout          Class = "timeout"
@@ -78,6 +79,12 @@ func classify(err error) (Kind, Class) {
 		return Unavailable, ClassCommitUnknown
 	case errors.Is(err, errRedisUnavailable):
 		return Unavailable, ClassRedisUnavailable
+	case sqldb.IsNodeNotReady(err):
+		// A Galera node that is not Synced refused it (1047) or the pool
+		// found none: nothing ran, and behind a proxy the next connection
+		// may reach another node, so the message is held and tried again
+		// however the probe fares (process).
+		return Unavailable, ClassNodeNotReady
 	case sqldb.IsConnection(err):
 		return Unavailable, ClassMySQLUnavailable
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):

@@ -40,6 +40,9 @@ func TestClassify(t *testing.T) {
 		{wrap(&mysql.MySQLError{Number: 1040, Message: "Too many connections"}), Unavailable, ClassMySQLUnavailable},
 		{wrap(&mysql.MySQLError{Number: 1203, Message: "User already has more than 'max_user_connections'"}), Unavailable, ClassMySQLUnavailable},
 		{wrap(&mysql.MySQLError{Number: 3032, Message: "The server is currently in offline mode"}), Unavailable, ClassMySQLUnavailable},
+		// A Galera node that is not Synced: held, whatever the probe says.
+		{wrap(&mysql.MySQLError{Number: 1047, Message: "WSREP has not yet prepared node for application use"}), Unavailable, ClassNodeNotReady},
+		{wrap(fmt.Errorf("connection: 127.0.0.1:3306: %w: wsrep_local_state 2 (Donor/Desynced)", sqldb.ErrNodeNotReady)), Unavailable, ClassNodeNotReady},
 		{wrap(order.ErrNotFound), Retryable, ClassOrderNotFound},
 		{wrap(account.ErrInsufficientBalance), Retryable, ClassBalance},
 		{wrap(account.ErrNoAccount), Retryable, ClassNoAccount},

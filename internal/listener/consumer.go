@@ -312,7 +312,10 @@ func (c *Consumer) dependencies(ctx context.Context) error {
 // Redis answers too under CLOSED; else a *depError saying which does not.
 // The write probe matters where MySQL answers reads but stalls writes (a
 // global read lock, a metadata lock, a full disk, a semi-synchronous
-// wait): payments time out one by one while a read says all is well.
+// wait): payments time out one by one while a read says all is well. On a
+// Galera node the pool gives the probe a connection only to a Synced node
+// (sqldb): a node that is not (a donor, a joiner, one cut off from the
+// primary component) fails the probe with mysql_node_not_ready.
 func (c *Consumer) probeDependencies(ctx context.Context) error {
 	ping := func(f func(context.Context) error) error {
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
@@ -320,17 +323,29 @@ func (c *Consumer) probeDependencies(ctx context.Context) error {
 		return f(pctx)
 	}
 	if err := ping(c.orders.Ping); err != nil {
-		if errors.Is(err, order.ErrReadOnly) {
+		switch {
+		case errors.Is(err, order.ErrReadOnly):
 			return &depError{ReasonMySQLReadOnly, err}
+		case sqldb.IsNodeNotReady(err):
+			return &depError{ReasonMySQLNodeNotReady, err}
 		}
 		return &depError{ReasonMySQLUnavailable, err}
 	}
-	if err := ping(func(ctx context.Context) error { return c.orders.ProbeWrites(ctx, c.instance) }); err != nil {
+	err := ping(func(ctx context.Context) error { return c.orders.ProbeWrites(ctx, c.instance) })
+	if sqldb.IsDeadlock(err) {
+		// The probe's write reached the server and lost to another's
+		// (two processes of one host, whose probes share a row, probing
+		// through two Galera nodes): the server takes writes.
+		err = nil
+	}
+	if err != nil {
 		switch {
 		case errors.Is(err, order.ErrWritesStalled):
 			return &depError{ReasonMySQLWritesStalled, err}
 		case sqldb.IsSchemaOrPermission(err):
 			return &depError{ReasonMySQLError, err}
+		case sqldb.IsNodeNotReady(err):
+			return &depError{ReasonMySQLNodeNotReady, err}
 		}
 		return &depError{ReasonMySQLUnavailable, err}
 	}
@@ -361,12 +376,13 @@ const (
 	ReasonMySQLReadOnly      Reason = "mysql_read_only"
 	ReasonMySQLWritesStalled Reason = "mysql_writes_stalled"
 	ReasonMySQLError         Reason = "mysql_error"
+	ReasonMySQLNodeNotReady  Reason = "mysql_node_not_ready"
 	ReasonRedisUnavailable   Reason = "redis_unavailable"
 )
 
 // Reasons lists every pause reason, for the metric's series.
 var Reasons = []Reason{ReasonMySQLUnavailable, ReasonMySQLReadOnly, ReasonMySQLWritesStalled,
-	ReasonMySQLError, ReasonRedisUnavailable}
+	ReasonMySQLError, ReasonMySQLNodeNotReady, ReasonRedisUnavailable}
 
 // Text is the reason in words, for /readyz and the logs.
 func (r Reason) Text() string {
@@ -379,6 +395,8 @@ func (r Reason) Text() string {
 		return "MySQL does not commit writes"
 	case ReasonMySQLError:
 		return "MySQL refuses paysvc's statements (a missing table or column, a revoked grant)"
+	case ReasonMySQLNodeNotReady:
+		return "the Galera node is not Synced"
 	case ReasonRedisUnavailable:
 		return "Redis does not answer"
 	}
@@ -395,6 +413,8 @@ func (r Reason) class() Class {
 		return ClassMySQLError
 	case ReasonMySQLWritesStalled:
 		return ClassTimeout
+	case ReasonMySQLNodeNotReady:
+		return ClassNodeNotReady
 	}
 	return ClassMySQLUnavailable
 }
@@ -427,6 +447,8 @@ func reasonOf(err error, class Class) Reason {
 		return ReasonRedisUnavailable
 	case ClassMySQLError:
 		return ReasonMySQLError
+	case ClassNodeNotReady:
+		return ReasonMySQLNodeNotReady
 	}
 	return ReasonMySQLUnavailable
 }

@@ -63,7 +63,14 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 		if out.class == ClassMySQLError {
 			down = &depError{ReasonMySQLError, out.err}
 		} else if down = c.dependencies(ctx); down == nil {
-			break // only this message failed: route sends it back alone
+			if out.class != ClassNodeNotReady {
+				break // only this message failed: route sends it back alone
+			}
+			// A Galera node that is not Synced refused it, and the probe
+			// reached another (a proxy spreads connections over the
+			// nodes): the node, not the message, failed. Held and tried
+			// again, it never spends a requeue or an attempt.
+			down = &depError{ReasonMySQLNodeNotReady, out.err}
 		}
 		if !c.hold(sess, &held, out.class, down) {
 			letGo = true

@@ -112,7 +112,7 @@ func New() *Metrics {
 			Name: "paysvc_paused", Help: "1 while consumption is paused on a dependency that is down (messages held, not returned)."}),
 		PauseReason: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "paysvc_pause_reason",
-			Help: "1 for the reason consumption is paused (mysql_unavailable, mysql_read_only, mysql_writes_stalled: MySQL answers reads but does not commit writes, mysql_error, redis_unavailable), 0 for the others."},
+			Help: "1 for the reason consumption is paused (mysql_unavailable, mysql_read_only, mysql_writes_stalled: MySQL answers reads but does not commit writes, mysql_error, mysql_node_not_ready: a Galera node that is not Synced, redis_unavailable), 0 for the others."},
 			[]string{"reason"}),
 		RetryCopiesMoved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paysvc_retry_copies_moved_total",

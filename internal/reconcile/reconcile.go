@@ -78,33 +78,37 @@ type Options struct {
 // ReverseSuffix makes the biz_no of a reversal: <orig>-REVERSE.
 const ReverseSuffix = "-REVERSE"
 
-// fixLock is the MySQL named lock a fixing run holds: two runs at once
-// (cron and an operator, two replicas' schedules) must not both find a
-// duplicate unreversed and book two reversals. The unique key on
-// (biz_no, type) refuses the second one too, but a legacy table that
-// predates it (the very case reconcile fixes) has none.
-const fixLock = "paysvc.reconcile.fix"
+// fixLease is the lease a fixing run holds: two runs at once (cron and an
+// operator, two replicas' schedules) must not both find a duplicate
+// unreversed and book two reversals. The unique key on (biz_no, type)
+// refuses the second one too, but a legacy table that predates it (the
+// very case reconcile fixes) has none. A lease row rather than GET_LOCK:
+// on a Galera cluster two runs on two nodes would both be granted the
+// named lock.
+const fixLease = "paysvc.reconcile.fix"
 
-// fixLockWait bounds the wait for another fixing run to finish.
-const fixLockWait = 60 * time.Second
+// fixLeaseWait bounds the wait for another fixing run to finish.
+const fixLeaseWait = 60 * time.Second
 
-// ErrFixRunning: another fixing run held the lock for fixLockWait.
-var ErrFixRunning = errors.New("reconcile: another run with --fix holds the lock " + fixLock)
+// ErrFixRunning: another fixing run held the lease for fixLeaseWait.
+var ErrFixRunning = errors.New("reconcile: another run with --fix holds the lease " + fixLease)
 
 // Run checks everything and, with Fix, reverses duplicate flows. A fixing
-// run holds a named lock for its whole duration, so concurrent fixing runs
-// take turns and the second finds the first one's reversals.
+// run holds a lease for its whole duration, so concurrent fixing runs take
+// turns and the second finds the first one's reversals; a run that loses
+// its lease stops there (its context ends).
 func Run(ctx context.Context, db *sqlx.DB, o Options) (Report, error) {
 	var r Report
 	if o.Fix {
-		_, release, err := sqldb.Lock(ctx, db, fixLock, fixLockWait)
+		held, release, err := sqldb.Lease(ctx, db, fixLease, fixLeaseWait)
 		if errors.Is(err, sqldb.ErrLocked) {
 			return r, ErrFixRunning
 		}
 		if err != nil {
-			return r, fmt.Errorf("reconcile: lock: %w", err)
+			return r, fmt.Errorf("reconcile: lease: %w", err)
 		}
 		defer release()
+		ctx = held
 	}
 	if err := duplicates(ctx, db, o, &r); err != nil {
 		return r, err

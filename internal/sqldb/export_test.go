@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
 )
 
@@ -26,4 +27,9 @@ func ArmAndDisarm(ctx context.Context, c driver.Connector) (uint64, error) {
 func WithKillTimeout(opts Options, d time.Duration) Options {
 	opts.killTimeout = d
 	return opts
+}
+
+// LeaseFor is Lease with a term of d instead of LeaseTerm.
+func LeaseFor(ctx context.Context, db *sqlx.DB, name string, wait, d time.Duration) (context.Context, func(), error) {
+	return lease(ctx, db, name, wait, d)
 }

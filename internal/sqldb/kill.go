@@ -52,7 +52,16 @@ func (k killingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 		c.Close()
 		return nil, err
 	}
-	return &killingConn{inner: c, thread: th, connector: k}, nil
+	kc := &killingConn{inner: c, thread: th, connector: k}
+	if kc.galera, err = isGalera(ctx, c); err == nil && kc.galera {
+		err = nodeReady(ctx, c)
+		kc.checked = time.Now()
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: %w", th.server, err)
+	}
+	return kc, nil
 }
 
 // thread is a connection's thread id on its server, and the server: what
@@ -132,11 +141,19 @@ func text(v driver.Value) string {
 // the server when the statement's context ends. After that the connection
 // is never reused: it reports itself bad, so a late KILL cannot hit another
 // caller's statement.
+//
+// On a Galera node, a connection is opened only to a Synced node, and is
+// not taken from the pool again once its node says it is not ready (1047)
+// or, looked at again when taken after nodeRecheck, is not Synced: a
+// redial lets a proxy in front of the cluster send it to a node that is.
 type killingConn struct {
 	inner     driver.Conn
 	thread    thread
 	connector killingConnector
 	killed    atomic.Bool
+	galera    bool        // the server is a Galera node
+	checked   time.Time   // its state last read (ResetSession and Connect only)
+	refused   atomic.Bool // its node answered 1047
 }
 
 // watch arranges the kill for ctx; the returned func disarms it.
@@ -264,12 +281,24 @@ func gone(ctx context.Context, side driver.Conn, id uint64) (bool, error) {
 
 func (c *killingConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	defer c.watch(ctx)()
-	return c.inner.(driver.ExecerContext).ExecContext(ctx, query, args)
+	res, err := c.inner.(driver.ExecerContext).ExecContext(ctx, query, args)
+	c.noteRefusal(err)
+	return res, err
 }
 
 func (c *killingConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	defer c.watch(ctx)()
-	return c.inner.(driver.QueryerContext).QueryContext(ctx, query, args)
+	rows, err := c.inner.(driver.QueryerContext).QueryContext(ctx, query, args)
+	c.noteRefusal(err)
+	return rows, err
+}
+
+// noteRefusal retires the connection once its node refused a statement as
+// not ready (1047).
+func (c *killingConn) noteRefusal(err error) {
+	if err != nil && code(err) == errNodeNotReady {
+		c.refused.Store(true)
+	}
 }
 
 func (c *killingConn) Prepare(query string) (driver.Stmt, error) { return c.inner.Prepare(query) }
@@ -295,12 +324,21 @@ func (c *killingConn) CheckNamedValue(nv *driver.NamedValue) error {
 }
 
 func (c *killingConn) ResetSession(ctx context.Context) error {
-	if c.killed.Load() {
+	if c.killed.Load() || c.refused.Load() {
 		return driver.ErrBadConn
 	}
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
+	if err := c.inner.(driver.SessionResetter).ResetSession(ctx); err != nil {
+		return err
+	}
+	if c.galera && time.Since(c.checked) >= nodeRecheck {
+		if nodeReady(ctx, c.inner) != nil {
+			return driver.ErrBadConn // closed; database/sql takes or dials another
+		}
+		c.checked = time.Now()
+	}
+	return nil
 }
 
 func (c *killingConn) IsValid() bool {
-	return !c.killed.Load() && c.inner.(driver.Validator).IsValid()
+	return !c.killed.Load() && !c.refused.Load() && c.inner.(driver.Validator).IsValid()
 }

@@ -123,7 +123,10 @@ const createVersions = `CREATE TABLE IF NOT EXISTS schema_migrations (
 // Migrate applies the migrations not yet recorded in schema_migrations, one
 // at a time, under a named lock so that replicas starting together do not
 // race. It is safe to re-run. It returns the names it applied, then checks the
-// schema's guards (CheckSchema).
+// schema's guards (CheckSchema). The named lock is the server's own: two
+// runs through two nodes of a Galera cluster may both hold it, and then the
+// second to record a version fails on its row of schema_migrations (every
+// migration's statements may run twice: they check what exists first).
 func Migrate(ctx context.Context, db *sqlx.DB, ms []Migration) ([]string, error) {
 	conn, release, err := Lock(ctx, db, "paysvc.migrate", 60*time.Second)
 	if errors.Is(err, ErrLocked) {

@@ -230,7 +230,7 @@ const (
 	errHostBlocked      = 1129
 	errTooManyUserConns = 1203
 	errUserLimit        = 1226 // a user's own MAX_USER_CONNECTIONS (or queries, updates) per hour
-	errNodeNotReady     = 1047 // Galera: WSREP has not yet prepared the node
+	errNodeNotReady     = 1047 // Galera: WSREP has not yet prepared the node (IsNodeNotReady)
 	errOfflineMode      = 3032 // MySQL: offline_mode
 	errIdleDisconnect   = 4031 // MySQL 8.0.24+: disconnected after inactivity
 )
@@ -283,8 +283,9 @@ func IsLockWait(err error) bool { return code(err) == errLockWait }
 
 // IsConnection reports a lost or refused connection (refused by the
 // network or by the server: too many connections, a blocked host, offline
-// mode), a killed connection or query, or a server that is shutting down or
-// read-only: the server, not the data, is the problem.
+// mode), a killed connection or query, a server that is shutting down or
+// read-only, or a Galera node that is not ready (IsNodeNotReady): the
+// server, not the data, is the problem.
 func IsConnection(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		// Our own deadline, not the server's fault: context.DeadlineExceeded
@@ -294,6 +295,9 @@ func IsConnection(err error) bool {
 	switch code(err) {
 	case errServerShutdown, errQueryKilled, errConnKilled, errReadOnly, errReadOnlyTx,
 		errTooManyConns, errHostBlocked, errTooManyUserConns, errUserLimit, errNodeNotReady, errOfflineMode, errIdleDisconnect:
+		return true
+	}
+	if errors.Is(err, ErrNodeNotReady) {
 		return true
 	}
 	var netErr net.Error
@@ -367,6 +371,12 @@ const lockReleaseTimeout = 5 * time.Second
 // without a word. The connection is closed afterwards, not pooled: its
 // raised idle timeout would outlive the lock, and on MySQL the idle timeout
 // is what bounds a frozen client's open transaction.
+//
+// GET_LOCK is known only to the server that grants it: on a Galera or
+// Percona XtraDB Cluster, a process on another node is granted the same
+// name. Jobs that must run once across replicas take a Lease instead;
+// Lock serves the migrations, which run before t_lease exists (see
+// Migrate).
 func Lock(ctx context.Context, db *sqlx.DB, name string, wait time.Duration) (*sqlx.Conn, func(), error) {
 	conn, err := db.Connx(ctx)
 	if err != nil {

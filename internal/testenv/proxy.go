@@ -31,6 +31,9 @@ type Proxy struct {
 
 	query, with []byte // ReplaceQuery
 
+	replaceMatch func(toServer []byte) bool // ReplaceWhen
+	replaceWith  []byte
+
 	hold    func(toServer []byte) (held, rest []byte)
 	holdFor time.Duration
 	watch   func(conn int, toServer bool, chunk []byte)
@@ -82,6 +85,27 @@ func (p *Proxy) ReplaceQuery(query, with string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.query, p.with = []byte(query), []byte(with)
+}
+
+// ReplaceWhen makes the proxy send the statement with in place of each
+// MySQL COM_QUERY (one whole packet in a chunk) that match accepts; nil
+// stops it. With a SIGNAL, the client gets the error of a server that
+// refuses some statements and answers the others.
+func (p *Proxy) ReplaceWhen(match func(toServer []byte) bool, with string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.replaceMatch, p.replaceWith = match, []byte(with)
+}
+
+// replaceMatching is chunk with its statement replaced by with if it is
+// one whole COM_QUERY packet that match accepts.
+func replaceMatching(chunk []byte, match func([]byte) bool, with []byte) []byte {
+	if match == nil || len(chunk) < 5 || chunk[4] != 3 ||
+		int(chunk[0])|int(chunk[1])<<8|int(chunk[2])<<16 != len(chunk)-4 || !match(chunk) {
+		return chunk
+	}
+	n := 1 + len(with)
+	return append([]byte{byte(n), byte(n >> 8), byte(n >> 16), chunk[3], 3}, with...)
 }
 
 // replace is chunk with its statement replaced (ReplaceQuery) if it is one
@@ -245,6 +269,7 @@ func (p *Proxy) copy(conn int, dst, src net.Conn, holed *atomic.Bool, fromClient
 				p.mu.Lock()
 				hole, after, cut, hold, holdFor := p.hole, p.after, p.cut, p.hold, p.holdFor
 				chunk = replace(chunk, p.query, p.with)
+				chunk = replaceMatching(chunk, p.replaceMatch, p.replaceWith)
 				p.mu.Unlock()
 				switch {
 				case hole != nil && hole(chunk):

@@ -23,6 +23,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -89,7 +90,7 @@ func suite() int {
 	only := flag.String("only", "", "comma-separated scenario names (default: all)")
 	seed := flag.Uint64("seed", 0, "random seed (0: from the clock)")
 	soak := flag.Bool("soak", false, "run a seeded random mix of every fault instead of the suite")
-	clusterMode := flag.Bool("cluster", false, "run the cluster suite: a 3-node RabbitMQ cluster, Redis with Sentinel and a MariaDB of its own, on loopback ports of their own (root)")
+	clusterMode := flag.Bool("cluster", false, "run the cluster suite: a 3-node RabbitMQ cluster, Redis with Sentinel, a MariaDB of its own and a 3-node Galera cluster behind HAProxy, on loopback ports of their own (root)")
 	duration := flag.Duration("duration", 10*time.Minute, "soak duration")
 	orders := flag.Int("orders", 240, "orders per scenario")
 	logDir := flag.String("logs", "tmp/chaos", "where instance logs go")
@@ -139,10 +140,19 @@ func suite() int {
 		fmt.Printf("cluster up in %s: RabbitMQ %v, Redis %d/%d + Sentinels %v, MariaDB %d\n",
 			time.Since(started).Round(100*time.Millisecond), c.nodeNames(), c.redis[0].port, c.redis[1].port,
 			c.sentinelAddrs(), c.mysqlPort)
-		suite = clusterScenarios
+		var gs galeraSuite // started by the first Galera scenario
+		defer gs.close()
+		suite = append(append([]scenario{}, clusterScenarios...), galeraSuiteScenarios()...)
 		worldFor = func(ctx context.Context, name string, delays []time.Duration) (*world, error) {
 			if err := c.heal(ctx); err != nil {
 				return nil, err
+			}
+			if s, ok := galeraScenarioNamed(name); ok {
+				g, err := gs.get(ctx, c)
+				if err != nil {
+					return nil, fmt.Errorf("galera: %w", err)
+				}
+				return newGaleraWorld(ctx, name, c, g, s, *binary, *logDir)
 			}
 			return newClusterWorld(ctx, name, delays, c, *binary, *logDir)
 		}
@@ -246,7 +256,7 @@ func runScenario(ctx context.Context, s scenario, idx int, worldFor func(context
 	var wg sync.WaitGroup
 	var injectErr error
 	rest := wl.messages[head:]
-	publishers, pace := 2, 2*spread/time.Duration(len(rest)+1)
+	publishers, pace := 2, 2*cmp.Or(s.spread, spread)/time.Duration(len(rest)+1)
 	if s.storm {
 		publishers, pace = 3, 0
 	}

@@ -40,6 +40,9 @@ type scenario struct {
 	// PAYSVC_RETRY_MAXATTEMPTS (nil, 0: the suite's).
 	delays      []time.Duration
 	maxAttempts int
+	// spread, if set, is how long the load is spread over instead of
+	// spread: a fault that takes seconds to set up meets work in progress.
+	spread time.Duration
 }
 
 // hasHandled reports whether instance i has logged a handled message.

@@ -78,6 +78,10 @@ type world struct {
 	// leaderKills counts, per queue, the kills of its leader's node after
 	// which another node was elected its leader.
 	leaderKills map[string]int
+	galera                 *galera   // a Galera scenario's cluster (galera.go)
+	// extraEnv, if set, is instance i's environment beyond env's (later
+	// entries win): a Galera scenario's MySQL address.
+	extraEnv func(i int) []string
 }
 
 // note records a measurement for the report.
@@ -347,6 +351,9 @@ func mustHost(u string) string {
 func (w *world) startInstances(n int, crash []string) error {
 	for i := range n {
 		in := &instance{name: fmt.Sprintf("%s-%d", w.name, i+1), env: w.env()}
+		if w.extraEnv != nil {
+			in.env = append(in.env, w.extraEnv(i)...)
+		}
 		if i == 0 {
 			in.oneShot = crash
 		}
