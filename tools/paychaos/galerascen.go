@@ -152,7 +152,9 @@ var galeraScenarios = []galeraScenario{
 			return 1, nil
 		},
 		verify: all(injected(1, "donors"), nodeNotReadyPauses, handledAfterFault)}},
-	{front: frontTCP, scenario: scenario{name: "galera-joiner-tcp",
+	// Opt-in: HAProxy did not always send a connection to the joining node
+	// within the hold, so the evidence missed in some runs.
+	{front: frontTCP, scenario: scenario{name: "galera-joiner-tcp", optIn: true,
 		faults: "the writer stopped and restarted, its IST held 12s (port open, 1047), behind a plain TCP check",
 		spread: 12 * time.Second,
 		inject: func(ctx context.Context, w *world, _ *rand.Rand) (int, error) {

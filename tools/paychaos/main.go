@@ -161,7 +161,7 @@ func suite() int {
 		results = append(results, runSoak(ctx, srv, *binary, *logDir, *seed, *duration))
 	} else {
 		for i, s := range suite {
-			if *only != "" && !contains(strings.Split(*only, ","), s.name) {
+			if *only != "" && !contains(strings.Split(*only, ","), s.name) || *only == "" && s.optIn {
 				continue
 			}
 			r := runScenario(ctx, s, i, worldFor, *seed, *orders)

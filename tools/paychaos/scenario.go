@@ -28,6 +28,9 @@ type scenario struct {
 	// invariants every scenario checks.
 	shape  func(wl *workload)
 	verify func(ctx context.Context, w *world, wl *workload) (bool, string)
+	// optIn: run only when -only names it, not in the default suite (a
+	// scenario whose evidence does not hold in every run yet).
+	optIn bool
 	// latePark accepts a late order (created after its payment) parked as
 	// order_not_found instead of PAID: only a scenario whose fault can
 	// outlast a late order's whole retry budget says so.

@@ -78,7 +78,7 @@ type world struct {
 	// leaderKills counts, per queue, the kills of its leader's node after
 	// which another node was elected its leader.
 	leaderKills map[string]int
-	galera                 *galera   // a Galera scenario's cluster (galera.go)
+	galera      *galera // a Galera scenario's cluster (galera.go)
 	// extraEnv, if set, is instance i's environment beyond env's (later
 	// entries win): a Galera scenario's MySQL address.
 	extraEnv func(i int) []string
