@@ -42,8 +42,10 @@ func run(ctx context.Context, args, env []string, out io.Writer) error {
 
 // openMySQL waits for MySQL with capped backoff (a database that is still
 // starting is no reason to crash-loop), then checks the schema: a missing
-// migration or unique index stops start-up. Stopped (ctx done) while it
-// waits, it returns an error wrapping ctx.Err().
+// migration or unique index stops start-up. A table the user may not read
+// is waited for like the server: its grant comes after the migration that
+// makes the table (scripts/least-privilege.sh mysql, run again). Stopped
+// (ctx done) while it waits, it returns an error wrapping ctx.Err().
 func openMySQL(ctx context.Context, cfg *Config, log *zap.Logger) (*sqldb.DB, error) {
 	ms, err := sqldb.LoadMigrations(migrations.FS)
 	if err != nil {
@@ -63,13 +65,17 @@ func openMySQL(ctx context.Context, cfg *Config, log *zap.Logger) (*sqldb.DB, er
 			return nil, err // waiting cannot fix it
 		}
 		if err == nil {
-			if err := sqldb.CheckSchema(ctx, db, ms); err != nil {
-				db.Close()
+			if err = sqldb.CheckSchema(ctx, db, ms); err == nil {
+				return db, nil
+			}
+			db.Close()
+			if !sqldb.IsNoGrant(err) {
 				return nil, err
 			}
-			return db, nil
+			log.Warn("mysql: a grant is missing; waiting", zap.Error(err), zap.Duration("backoff", wait))
+		} else {
+			log.Warn("mysql unavailable; waiting", zap.Error(err), zap.Duration("backoff", wait))
 		}
-		log.Warn("mysql unavailable; waiting", zap.Error(err), zap.Duration("backoff", wait))
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("stopped while waiting for mysql: %w", ctx.Err())
