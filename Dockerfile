@@ -2,8 +2,16 @@
 #
 # paysvc container image.
 #
-#   docker build --build-arg VERSION="$(git describe --tags --always --dirty)" \
-#                --build-arg REVISION="$(git rev-parse HEAD)" -t paysvc:dev .
+#   make release        # a release: VERSION, its CHANGELOG.md entry, paysvc:X.Y.Z
+#
+# or by hand (what make release runs):
+#
+#   docker build --build-arg VERSION="$(cat VERSION)" \
+#                --build-arg REVISION="$(git rev-parse HEAD)" -t paysvc:"$(cat VERSION)" .
+#
+# VERSION and REVISION become `paysvc version`, paysvc_build_info and the
+# OCI labels org.opencontainers.image.version and .revision; without them
+# the image says dev and unknown.
 #
 # Build arguments carry only version metadata: never pass secrets as ARG or
 # ENV, they end up in the image history. Runtime credentials come from the

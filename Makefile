@@ -1,14 +1,40 @@
 # paysvc: make demo (run it with demo traffic), make test (all tests).
 GO      ?= go
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-# GOFLAGS here may carry -buildvcs=false: the revision is stamped explicitly.
-REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+# The release, from the VERSION file (semantic versioning: X.Y.Z for a
+# release, X.Y.Z-dev between releases), stamped into the binary (`paysvc
+# version`, paysvc_build_info) and the image (its tag and OCI labels). Only
+# a command-line VERSION= overrides it, not the environment.
+VERSION := $(shell cat VERSION)
+# The commit, -dirty with uncommitted changes. GOFLAGS here may carry
+# -buildvcs=false: the revision is stamped explicitly.
+REVISION ?= $(shell r=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD 2>/dev/null || r=$$r-dirty; } && echo $$r)
+BIN     ?= bin
+IMAGE   ?= paysvc
+DOCKER  ?= docker
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: build services test-tools test rules lint demo chaos chaos-cluster soak bench clean
+.PHONY: build release services test-tools test rules lint demo chaos chaos-cluster soak bench clean
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)" -o bin/paysvc ./cmd/paysvc
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)" -o $(BIN)/paysvc ./cmd/paysvc
+
+# A release: VERSION a release (X.Y.Z, or X.Y.Z-rc.N) with its entry in
+# CHANGELOG.md, built from a commit (no uncommitted change); builds
+# $(BIN)/paysvc, checks that it reports VERSION, then the image
+# $(IMAGE):$(VERSION) with the same version and revision (its OCI labels).
+# IMAGE=registry.example.com/paysvc names the repository; DOCKER=echo
+# prints the image's build command instead of running it.
+release:
+	@echo '$(VERSION)' | grep -Eqx '[0-9]+\.[0-9]+\.[0-9]+(-rc\.[0-9]+)?' || \
+		{ echo "release: VERSION is $(VERSION), not a release: set it to X.Y.Z and give it its CHANGELOG.md entry" >&2; exit 1; }
+	@grep -Eq '^## \[$(subst .,\.,$(VERSION))\] - [0-9]{4}-[0-9]{2}-[0-9]{2}$$' CHANGELOG.md || \
+		{ echo "release: CHANGELOG.md has no entry '## [$(VERSION)] - YYYY-MM-DD'" >&2; exit 1; }
+	@case '$(REVISION)' in ''|*-dirty) echo "release: the revision is '$(REVISION)': release a commit, with no uncommitted change" >&2; exit 1;; esac
+	@$(MAKE) --no-print-directory build
+	@$(BIN)/paysvc version | grep -q '^paysvc $(VERSION) revision ' || \
+		{ echo "release: $(BIN)/paysvc reports '$$($(BIN)/paysvc version)', not $(VERSION)" >&2; exit 1; }
+	$(DOCKER) build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $(IMAGE):$(VERSION) .
+	@echo "release $(VERSION) (revision $(REVISION)): $(BIN)/paysvc, image $(IMAGE):$(VERSION)"
 
 # Make sure MariaDB, Redis and RabbitMQ run on loopback (install and start them if missing).
 services:

@@ -61,7 +61,7 @@ SQL
 		"t_dead_letter_event:SELECT, INSERT"
 		"t_payment_event:SELECT, INSERT"
 		"t_account_opening:SELECT"
-		"schema_migrations:SELECT"
+		"paysvc_schema_migrations:SELECT"
 		"t_admin_session:SELECT, INSERT, UPDATE"
 		"t_write_probe:SELECT, INSERT, UPDATE"
 		"t_lease:SELECT, INSERT, UPDATE"

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -81,23 +82,44 @@ func logFailure(log *zap.Logger, out io.Writer, err error) error {
 }
 
 // versionString is the version, the VCS revision the binary was built from
-// (set by the image build, -X main.revision, or read from the Go build
-// info of a build inside a checkout) and the Go version.
+// (its commit shortened, -dirty when built with uncommitted changes) and the
+// Go version.
 func versionString() string {
-	rev := revision
-	if rev == "" {
-		if bi, ok := debug.ReadBuildInfo(); ok {
-			for _, s := range bi.Settings {
-				if s.Key == "vcs.revision" {
-					rev = s.Value
-				}
-			}
-		}
-	}
+	rev, dirty := strings.CutSuffix(buildRevision(), "-dirty")
 	if len(rev) > 12 {
 		rev = rev[:12]
 	}
+	if dirty {
+		rev += "-dirty"
+	}
 	return fmt.Sprintf("paysvc %s revision %s %s", version, cmp.Or(rev, "unknown"), runtime.Version())
+}
+
+// buildRevision is the VCS revision the binary was built from: set by make
+// and the image build (-X main.revision), or read from the Go build info
+// of a build inside a checkout; -dirty when the checkout had uncommitted
+// changes; empty when unknown.
+func buildRevision() string {
+	if revision != "" {
+		return revision
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value
+		}
+	}
+	if rev != "" && modified == "true" {
+		rev += "-dirty"
+	}
+	return rev
 }
 
 // runHealthcheck reads http.addr alone, not the whole configuration: a

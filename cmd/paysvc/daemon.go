@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -39,6 +40,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	// probe must not kill a pod for an outage), /readyz says whether it
 	// consumes, and a busy or bad http.addr stops start-up at once.
 	m := metrics.New()
+	m.SetBuild(version, cmp.Or(buildRevision(), "unknown"))
 	var health *healthServer
 	if cfg.HTTP.Addr != "" {
 		var err error

@@ -4,7 +4,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -46,6 +48,18 @@ func TestHealthzAnswersBeforeMySQL(t *testing.T) {
 	}, "/healthz did not answer while MySQL was down")
 	if code, body := get("http://" + httpAddr + "/readyz"); code != 503 || !strings.Contains(body, "waiting for MySQL") {
 		t.Fatalf("/readyz while MySQL is down: %d %q, want 503 naming MySQL", code, body)
+	}
+	// /metrics too, with the build the pod runs, as `paysvc version` says it.
+	v, err := exec.Command(binary, "version").Output()
+	f := strings.Fields(string(v))
+	if err != nil || len(f) != 5 {
+		t.Fatalf("paysvc version: %q, %v", v, err)
+	}
+	short, dirty := strings.CutSuffix(f[3], "-dirty")
+	_, metrics := get("http://" + httpAddr + "/metrics")
+	info := regexp.MustCompile(`\npaysvc_build_info\{goversion="([^"]*)",revision="([^"]*)",version="([^"]*)"\} 1\n`).FindStringSubmatch(metrics)
+	if info == nil || info[1] != f[4] || !strings.HasPrefix(info[2], short) || strings.HasSuffix(info[2], "-dirty") != dirty || info[3] != f[1] {
+		t.Fatalf("/metrics paysvc_build_info %q, want the version, revision and Go version of %q", info, v)
 	}
 	check := w.start(env, "healthcheck")
 	if err := check.wait(t, 10*time.Second); err != nil {

@@ -22,10 +22,12 @@ import (
 	"os"
 )
 
-// version is stamped at build time: -ldflags "-X main.version=v1.2.3".
+// version is the release, from the VERSION file: make and the image build
+// stamp it (-ldflags "-X main.version=1.2.3"); "dev" in a plain go build.
 var version = "dev"
 
-// revision is the VCS revision of the source, set by the image build
+// revision is the VCS revision of the source, -dirty when built with
+// uncommitted changes, stamped by make and the image build
 // (-X main.revision=...); empty: read from the Go build info.
 var revision = ""
 

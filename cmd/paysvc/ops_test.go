@@ -235,7 +235,7 @@ func TestReconcileCommandOnLegacyDuplicates(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	w.db.MustExec("ALTER TABLE t_account_flow DROP INDEX uk_biz_no_type")
-	w.db.MustExec("DELETE FROM schema_migrations WHERE version = 3")
+	w.db.MustExec("DELETE FROM paysvc_schema_migrations WHERE version = 3")
 	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (31, 90.00)")
 	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount, status) VALUES ('RC1', 31, 5.00, 'PAID')")
 	w.db.MustExec("INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES (31, -5.00, 'RC1', 'PAY_DEDUCT'), (31, -5.00, 'RC1', 'PAY_DEDUCT')")

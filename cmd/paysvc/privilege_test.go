@@ -200,3 +200,71 @@ func TestLeastPrivilegeOnAnEmptyDatabase(t *testing.T) {
 		t.Errorf("as %s, DELETE FROM t_account_flow: %v; want denied", appUser, err)
 	}
 }
+
+// The upgrade of a least-privilege deployment from a paysvc that recorded
+// its versions in schema_migrations: the new daemon refuses the database
+// until `paysvc migrate` (as the migration user) has moved the table, then
+// waits, naming the grant, until scripts/least-privilege.sh mysql has given
+// the daemon's user SELECT on paysvc_schema_migrations, and starts.
+func TestLeastPrivilegeUpgradeMovesTheVersionsTable(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	id := testenv.Name(t)[len(testenv.Name(t))-8:]
+	appUser, migUser := "pua_"+id, "pum_"+id
+	const pw = "Pw-upgrade-0f'x"
+	cfg, _ := mysql.ParseDSN(w.dsn)
+	t.Cleanup(func() { w.db.Exec("DROP USER IF EXISTS '" + appUser + "'@'%', '" + migUser + "'@'%'") })
+	script := func() {
+		t.Helper()
+		cmd := exec.Command("scripts/least-privilege.sh", "mysql")
+		cmd.Dir = "../.."
+		cmd.Env = append(os.Environ(), "MYSQL_DATABASE="+cfg.DBName, "APP_USER="+appUser, "MIGRATE_USER="+migUser,
+			"APP_PASSWORD="+pw, "MIGRATE_PASSWORD="+pw)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("least-privilege.sh mysql: %v\n%s", err, out)
+		}
+	}
+	// The database and grants an earlier paysvc left.
+	w.db.MustExec("RENAME TABLE paysvc_schema_migrations TO schema_migrations")
+	script()
+	w.db.MustExec("GRANT SELECT ON `" + cfg.DBName + "`.schema_migrations TO '" + appUser + "'@'%'")
+	app, mig := *cfg, *cfg
+	app.User, app.Passwd = appUser, pw
+	mig.User, mig.Passwd = migUser, pw
+	env := w.env("PAYSVC_MYSQL_DSN=" + app.FormatDSN())
+
+	var early strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := run(ctx, []string{"run"}, env, &early); err == nil || !strings.Contains(early.String(), "run `paysvc migrate`") {
+		t.Fatalf("run before the migration: %v, want a refusal naming paysvc migrate:\n%s", err, early.String())
+	}
+	var migOut strings.Builder
+	if err := run(context.Background(), []string{"migrate"}, []string{"PAYSVC_MYSQL_DSN=" + mig.FormatDSN()}, &migOut); err != nil {
+		t.Fatalf("migrate as %s: %v\n%s", migUser, err, migOut.String())
+	}
+
+	var logs lockedBuffer
+	ctx, cancel = context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"run"}, env, &logs) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("daemon output:\n%s", logs.String())
+		}
+	}()
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return strings.Contains(logs.String(), "a grant is missing; waiting") &&
+			strings.Contains(logs.String(), "needs SELECT on paysvc_schema_migrations")
+	}, "the daemon did not wait naming the grant")
+	if testenv.QueueExists(t, w.amqpURL, listener.MainQueue) {
+		t.Fatal("the daemon consumes without reading the schema's versions")
+	}
+	script()
+	testenv.Eventually(t, 30*time.Second, func() bool { return testenv.QueueExists(t, w.amqpURL, listener.MainQueue) },
+		"the daemon did not start once granted")
+}

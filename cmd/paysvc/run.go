@@ -42,8 +42,10 @@ func run(ctx context.Context, args, env []string, out io.Writer) error {
 
 // openMySQL waits for MySQL with capped backoff (a database that is still
 // starting is no reason to crash-loop), then checks the schema: a missing
-// migration or unique index stops start-up. Stopped (ctx done) while it
-// waits, it returns an error wrapping ctx.Err().
+// migration or unique index stops start-up. A table the user may not read
+// is waited for like the server: its grant comes after the migration that
+// makes the table (scripts/least-privilege.sh mysql, run again). Stopped
+// (ctx done) while it waits, it returns an error wrapping ctx.Err().
 func openMySQL(ctx context.Context, cfg *Config, log *zap.Logger) (*sqldb.DB, error) {
 	ms, err := sqldb.LoadMigrations(migrations.FS)
 	if err != nil {
@@ -63,19 +65,24 @@ func openMySQL(ctx context.Context, cfg *Config, log *zap.Logger) (*sqldb.DB, er
 			return nil, err // waiting cannot fix it
 		}
 		if err == nil {
-			err = sqldb.CheckSchema(ctx, db, ms)
-			if err == nil {
+			if err = sqldb.CheckSchema(ctx, db, ms); err == nil {
 				return db, nil
 			}
 			db.Close()
-			if !sqldb.IsConnection(err) {
+			switch {
+			case sqldb.IsNoGrant(err):
+				log.Warn("mysql: a grant is missing; waiting", zap.Error(err), zap.Duration("backoff", wait))
+			case sqldb.IsConnection(err):
+				// The server went away between the ping and the check (a
+				// Galera node that left the primary component answers
+				// 1047): wait, as for a server that does not answer.
+				log.Warn("mysql unavailable; waiting", zap.Error(err), zap.Duration("backoff", wait))
+			default:
 				return nil, err
 			}
-			// The server went away between the ping and the check (a
-			// Galera node that left the primary component answers 1047):
-			// wait, as for a server that does not answer.
+		} else {
+			log.Warn("mysql unavailable; waiting", zap.Error(err), zap.Duration("backoff", wait))
 		}
-		log.Warn("mysql unavailable; waiting", zap.Error(err), zap.Duration("backoff", wait))
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("stopped while waiting for mysql: %w", ctx.Err())

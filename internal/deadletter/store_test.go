@@ -226,7 +226,7 @@ func TestMigrationMovesLegacyRows(t *testing.T) {
 	db.MustExec(`INSERT INTO t_dead_letter (dedup_key, order_no, body, headers, error_class, last_error,
 		fingerprint, first_failed_at, last_failed_at) VALUES ('LEG2', 'LEG2', 'not json', '{}', 'bad_message', 'x',
 		'legacy', NOW(3), NOW(3))`)
-	db.MustExec("DELETE FROM schema_migrations WHERE version = 4")
+	db.MustExec("DELETE FROM paysvc_schema_migrations WHERE version = 4")
 	ms, err := sqldb.LoadMigrations(migrations.FS)
 	if err != nil {
 		t.Fatal(err)

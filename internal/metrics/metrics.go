@@ -5,6 +5,7 @@ package metrics
 import (
 	"net/http"
 	"regexp"
+	"runtime"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -46,6 +47,7 @@ type Metrics struct {
 	Held               *prometheus.GaugeVec // dependency: redis, mysql, other, broker (a copy the broker blocks or refuses)
 	DeadLettersClass   *prometheus.GaugeVec // class
 	BrokerBlocked      *prometheus.GaugeVec // component: consumer (its retry and terminal copies), outbox
+	BuildInfo          *prometheus.GaugeVec // version, revision, goversion: SetBuild
 
 	own []prometheus.Collector
 }
@@ -158,11 +160,15 @@ func New() *Metrics {
 			Name: "paysvc_broker_blocked",
 			Help: "1 while the broker blocks a connection paysvc publishes on (a memory or disk alarm): consumer (retry and terminal copies; the messages that need one are held), outbox (notices)."},
 			[]string{"component"}),
+		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "paysvc_build_info",
+			Help: "1, labelled with the release (the VERSION file), the VCS revision and the Go version the binary was built from."},
+			[]string{"version", "revision", "goversion"}),
 	}
 	m.own = []prometheus.Collector{m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.HeldLocked, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
 		m.Pauses, m.Failovers, m.Paused, m.PauseReason, m.RequeuedAlone, m.RetryCopiesMoved, m.RetryCopiesHeld, m.RetryCopiesOverdue, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.OutboxOldestAge, m.ReconcileProblems,
-		m.ReconcileLastRun, m.AlertFailures, m.Held, m.DeadLettersClass, m.BrokerBlocked}
+		m.ReconcileLastRun, m.AlertFailures, m.Held, m.DeadLettersClass, m.BrokerBlocked, m.BuildInfo}
 	r.MustRegister(m.own...)
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every known series from the start, at 0: an alert on increase() sees
@@ -188,6 +194,13 @@ func New() *Metrics {
 		m.QueueOldestAge.WithLabelValues(q)
 	}
 	return m
+}
+
+// SetBuild sets paysvc_build_info: the release and VCS revision the binary
+// was built from, and the Go version (one series, at 1).
+func (m *Metrics) SetBuild(version, revision string) {
+	m.BuildInfo.Reset()
+	m.BuildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
 }
 
 // Handler serves /metrics.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 )
 
@@ -113,20 +114,29 @@ func statements(sqlText string) []string {
 	return out
 }
 
-const createVersions = `CREATE TABLE IF NOT EXISTS schema_migrations (
+// VersionsTable records the applied migrations, a row each. Its name is
+// paysvc's own: schema_migrations, the name paysvc used before, is also
+// golang-migrate's and Rails', and in a database shared with such a tool
+// each would read the other's versions.
+const VersionsTable = "paysvc_schema_migrations"
+
+const createVersions = `CREATE TABLE IF NOT EXISTS paysvc_schema_migrations (
   version    INT          NOT NULL,
   name       VARCHAR(255) NOT NULL,
   applied_at DATETIME(3)  NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
   PRIMARY KEY (version)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
 
-// Migrate applies the migrations not yet recorded in schema_migrations, one
-// at a time, under a named lock so that replicas starting together do not
-// race. It is safe to re-run. It returns the names it applied, then checks the
-// schema's guards (CheckSchema). The named lock is the server's own: two
-// runs through two nodes of a Galera cluster may both hold it, and then the
-// second to record a version fails on its row of schema_migrations (every
-// migration's statements may run twice: they check what exists first).
+// Migrate applies the migrations not yet recorded in
+// paysvc_schema_migrations, one at a time, under a named lock so that
+// replicas starting together do not race. It is safe to re-run. First it
+// moves the versions an earlier paysvc recorded in schema_migrations
+// (moveVersions). It returns the names it applied, then checks the schema's
+// guards (CheckSchema). The named lock is the server's own: two runs
+// through two nodes of a Galera cluster may both hold it, and then the
+// second to record a version fails on its row of paysvc_schema_migrations
+// (every migration's statements may run twice: they check what exists
+// first).
 func Migrate(ctx context.Context, db *sqlx.DB, ms []Migration) ([]string, error) {
 	conn, release, err := Lock(ctx, db, "paysvc.migrate", 60*time.Second)
 	if errors.Is(err, ErrLocked) {
@@ -137,12 +147,15 @@ func Migrate(ctx context.Context, db *sqlx.DB, ms []Migration) ([]string, error)
 	}
 	defer release()
 
+	if err := moveVersions(ctx, conn, ms); err != nil {
+		return nil, fmt.Errorf("move schema_migrations to %s: %w", VersionsTable, err)
+	}
 	if _, err := conn.ExecContext(ctx, createVersions); err != nil {
-		return nil, fmt.Errorf("create schema_migrations: %w", err)
+		return nil, fmt.Errorf("create %s: %w", VersionsTable, err)
 	}
 	applied := map[int]bool{}
 	var versions []int
-	if err := conn.SelectContext(ctx, &versions, "SELECT version FROM schema_migrations"); err != nil {
+	if err := conn.SelectContext(ctx, &versions, "SELECT version FROM paysvc_schema_migrations"); err != nil {
 		return nil, err
 	}
 	for _, v := range versions {
@@ -163,12 +176,91 @@ func Migrate(ctx context.Context, db *sqlx.DB, ms []Migration) ([]string, error)
 				return done, fmt.Errorf("migration %s: %w", m.Name, err)
 			}
 		}
-		if _, err := conn.ExecContext(ctx, "INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.Name); err != nil {
+		if _, err := conn.ExecContext(ctx, "INSERT INTO paysvc_schema_migrations (version, name) VALUES (?, ?)", m.Version, m.Name); err != nil {
 			return done, fmt.Errorf("migration %s: record version: %w", m.Name, err)
 		}
 		done = append(done, m.Name)
 	}
 	return done, CheckSchema(ctx, db, ms)
+}
+
+// moveVersions moves the versions an earlier paysvc recorded in
+// schema_migrations to paysvc_schema_migrations, the table's own name, with
+// their times. A schema_migrations that is not paysvc's (ownFormerVersions)
+// is left alone and never read. It runs under the migration lock and is
+// idempotent: the rename is atomic, and when both tables exist (a paysvc
+// from before the move ran its migrate again, after a rollback, and made
+// the old table anew) the old table's rows are added to the new one's and
+// the old table dropped, so a step cut between the two is done again.
+func moveVersions(ctx context.Context, conn *sqlx.Conn, ms []Migration) error {
+	own, err := ownFormerVersions(ctx, conn, ms)
+	if err != nil || !own {
+		return err
+	}
+	var exists int
+	if err := conn.GetContext(ctx, &exists, `SELECT COUNT(*) FROM information_schema.tables
+		WHERE table_schema = DATABASE() AND table_name = ?`, VersionsTable); err != nil {
+		return err
+	}
+	if exists == 0 {
+		_, err := conn.ExecContext(ctx, "RENAME TABLE schema_migrations TO paysvc_schema_migrations")
+		return err
+	}
+	if _, err := conn.ExecContext(ctx, `INSERT IGNORE INTO paysvc_schema_migrations (version, name, applied_at)
+		SELECT version, name, applied_at FROM schema_migrations`); err != nil {
+		return err
+	}
+	_, err = conn.ExecContext(ctx, "DROP TABLE schema_migrations")
+	return err
+}
+
+// ownFormerVersions reports whether the database holds a schema_migrations
+// that paysvc made: paysvc's three columns (version, name, applied_at) in
+// its order, the row of 0001_init, and no row but paysvc's migrations of
+// ms, by version and name. golang-migrate's (version, dirty), Rails'
+// (version), Ecto's (version, inserted_at), or a table with paysvc's
+// columns and another tool's rows are not.
+//
+// The columns come from the table's own result set, not from
+// information_schema.columns: every migrate (each test database's too) asks,
+// and MariaDB 10.11 was seen to crash freeing the temporary table of an
+// information_schema.columns query while other sessions dropped databases.
+func ownFormerVersions(ctx context.Context, q queryer, ms []Migration) (bool, error) {
+	rs, err := q.QueryxContext(ctx, "SELECT * FROM schema_migrations LIMIT 0")
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == 1146 { // no such table
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	cols, err := rs.Columns()
+	rs.Close()
+	if err != nil {
+		return false, err
+	}
+	if strings.ToLower(strings.Join(cols, ",")) != "version,name,applied_at" {
+		return false, nil
+	}
+	var rows []struct {
+		Version int    `db:"version"`
+		Name    string `db:"name"`
+	}
+	if err := q.SelectContext(ctx, &rows, "SELECT version, name FROM schema_migrations"); err != nil {
+		return false, err
+	}
+	names := map[int]string{}
+	for _, m := range ms {
+		names[m.Version] = m.Name
+	}
+	init := false
+	for _, r := range rows {
+		if names[r.Version] != r.Name {
+			return false, nil
+		}
+		init = init || r.Name == "0001_init"
+	}
+	return init, nil
 }
 
 // flowUniqueIndex adds UNIQUE uk_biz_no_type to a t_account_flow that
@@ -200,6 +292,7 @@ func flowUniqueIndex(ctx context.Context, conn *sqlx.Conn) error {
 
 type queryer interface {
 	SelectContext(ctx context.Context, dest any, query string, args ...any) error
+	QueryxContext(ctx context.Context, query string, args ...any) (*sqlx.Rows, error)
 }
 
 func flowIndexColumns(ctx context.Context, q queryer) (string, error) {
@@ -213,12 +306,21 @@ func flowIndexColumns(ctx context.Context, q queryer) (string, error) {
 
 // CheckSchema verifies that every migration is applied and that the last
 // wall against double charges stands: the unique index over
-// t_account_flow(biz_no, type). paysvc refuses to run without it.
+// t_account_flow(biz_no, type). paysvc refuses to run without it. It reads
+// paysvc_schema_migrations alone: versions recorded in schema_migrations,
+// the name an earlier paysvc used, count only once `paysvc migrate` has
+// moved them.
 func CheckSchema(ctx context.Context, db *sqlx.DB, ms []Migration) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var versions []int
-	if err := db.SelectContext(ctx, &versions, "SELECT version FROM schema_migrations"); err != nil {
+	if err := db.SelectContext(ctx, &versions, "SELECT version FROM paysvc_schema_migrations"); err != nil {
+		if own, ferr := ownFormerVersions(ctx, db, ms); ferr == nil && own {
+			return fmt.Errorf("schema: the applied migrations are recorded in schema_migrations, the table an earlier paysvc used (run `paysvc migrate`: it moves them to %s)", VersionsTable)
+		}
+		if IsNoGrant(err) {
+			return fmt.Errorf("schema: %w: the MySQL user needs SELECT on %s (scripts/least-privilege.sh mysql grants it once `paysvc migrate` has made it)", err, VersionsTable)
+		}
 		return fmt.Errorf("schema: %w (run `paysvc migrate`)", err)
 	}
 	have := map[int]bool{}

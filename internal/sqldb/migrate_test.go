@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/testenv"
 	"github.com/paysvc/paysvc/migrations"
@@ -39,7 +42,7 @@ func TestLegacyFlowTableGetsUniqueIndexOrRefuses(t *testing.T) {
 	_, db := testenv.MySQL(t) // fully migrated
 	ctx, ms := context.Background(), loadMigrations(t)
 	db.MustExec("ALTER TABLE t_account_flow DROP INDEX uk_biz_no_type")
-	db.MustExec("DELETE FROM schema_migrations WHERE version = 3")
+	db.MustExec("DELETE FROM paysvc_schema_migrations WHERE version = 3")
 	db.MustExec(`INSERT INTO t_account_flow (user_id, amount, biz_no, type) VALUES
 		(1, -5.00, 'LEG1', 'PAY_DEDUCT'), (1, -5.00, 'LEG1', 'PAY_DEDUCT'), (1, -3.00, 'LEG2', 'PAY_DEDUCT')`)
 	if err := sqldb.CheckSchema(ctx, db, ms); err == nil {
@@ -68,7 +71,7 @@ func TestOutboxMigrationKeepsNoticesAndFixesTheRowLength(t *testing.T) {
 	_, db := testenv.MySQL(t) // fully migrated
 	ctx, ms := context.Background(), loadMigrations(t)
 	db.MustExec(`ALTER TABLE t_outbox MODIFY status VARCHAR(16) NOT NULL DEFAULT 'PENDING', MODIFY sent_time DATETIME(3) NULL`)
-	db.MustExec("DELETE FROM schema_migrations WHERE version = 7")
+	db.MustExec("DELETE FROM paysvc_schema_migrations WHERE version = 7")
 	db.MustExec(`INSERT INTO t_outbox (event_type, biz_no, payload, sent_time) VALUES ('payment.succeeded', 'OB1', '{}', NULL)`)
 	db.MustExec(`INSERT INTO t_outbox (event_type, biz_no, payload, status, sent_time)
 		VALUES ('payment.succeeded', 'OB2', '{}', 'SENT', '2026-11-30 10:00:00.250')`)
@@ -121,7 +124,7 @@ func TestOutboxMigrationWhileOldPodsWriteNotices(t *testing.T) {
 	ctx, ms := context.Background(), loadMigrations(t)
 	for round := range 3 {
 		db.MustExec(`ALTER TABLE t_outbox MODIFY status VARCHAR(16) NOT NULL DEFAULT 'PENDING', MODIFY sent_time DATETIME(3) NULL DEFAULT NULL`)
-		db.MustExec("DELETE FROM schema_migrations WHERE version = 7")
+		db.MustExec("DELETE FROM paysvc_schema_migrations WHERE version = 7")
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		var written atomic.Int64
@@ -165,7 +168,7 @@ func TestTraceMigrationCompletesAfterBeingCutHalfWay(t *testing.T) {
 	// 0005's first change applied, the rest not, nothing recorded.
 	db.MustExec("ALTER TABLE t_dead_letter DROP KEY idx_trace_id")
 	db.MustExec("ALTER TABLE t_outbox DROP COLUMN traceparent")
-	db.MustExec("DELETE FROM schema_migrations WHERE version = 5")
+	db.MustExec("DELETE FROM paysvc_schema_migrations WHERE version = 5")
 	if _, err := sqldb.Migrate(ctx, db, ms); err != nil {
 		t.Fatalf("migrate after a cut 0005: %v", err)
 	}
@@ -180,5 +183,176 @@ func TestTraceMigrationCompletesAfterBeingCutHalfWay(t *testing.T) {
 	}
 	if _, err := sqldb.Migrate(ctx, db, ms); err != nil {
 		t.Fatalf("a second run: %v", err)
+	}
+}
+
+// emptyDatabase is a database of the test's own with no table in it.
+func emptyDatabase(t *testing.T) *sqlx.DB {
+	t.Helper()
+	_, db := testenv.MySQL(t)
+	var tables []string
+	if err := db.Select(&tables, "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE()"); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range tables {
+		db.MustExec("DROP TABLE `" + table + "`")
+	}
+	return db
+}
+
+func versionRows(t *testing.T, db *sqlx.DB, table string) string {
+	t.Helper()
+	var rows []struct {
+		Version int    `db:"version"`
+		Name    string `db:"name"`
+		At      string `db:"at"`
+	}
+	if err := db.Select(&rows, "SELECT version, name, DATE_FORMAT(applied_at, '%Y-%m-%d %H:%i:%s.%f') AS at FROM "+table+" ORDER BY version"); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprint(rows)
+}
+
+func tableExists(t *testing.T, db *sqlx.DB, table string) bool {
+	t.Helper()
+	var n int
+	if err := db.Get(&n, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?", table); err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
+// A database migrated by a paysvc that recorded its versions in
+// schema_migrations: the daemon refuses it, naming `paysvc migrate`, which
+// moves the table (rows and times kept) and goes on from the versions it
+// holds; run again, it does nothing.
+func TestMigrateMovesTheFormerVersionsTable(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t) // fully migrated
+	ctx, ms := context.Background(), loadMigrations(t)
+	// The state an earlier paysvc left, one migration behind.
+	db.MustExec("RENAME TABLE paysvc_schema_migrations TO schema_migrations")
+	db.MustExec("UPDATE schema_migrations SET applied_at = '2026-11-01 10:00:00.125' - INTERVAL version DAY")
+	db.MustExec("DELETE FROM schema_migrations WHERE version = ?", ms[len(ms)-1].Version)
+	before := versionRows(t, db, "schema_migrations")
+
+	err := sqldb.CheckSchema(ctx, db, ms)
+	if err == nil || !strings.Contains(err.Error(), "recorded in schema_migrations") || !strings.Contains(err.Error(), "run `paysvc migrate`") {
+		t.Fatalf("CheckSchema with the former table only: %v, want it to name schema_migrations and paysvc migrate", err)
+	}
+	applied, err := sqldb.Migrate(ctx, db, ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{ms[len(ms)-1].Name}; fmt.Sprint(applied) != fmt.Sprint(want) {
+		t.Fatalf("applied %v, want %v: the moved versions were not read", applied, want)
+	}
+	if tableExists(t, db, "schema_migrations") {
+		t.Fatal("schema_migrations is still there")
+	}
+	after := versionRows(t, db, "paysvc_schema_migrations")
+	if !strings.HasPrefix(after, strings.TrimSuffix(before, "]")) {
+		t.Fatalf("versions after the move:\n%s\nwant those before:\n%s", after, before)
+	}
+	if applied, err := sqldb.Migrate(ctx, db, ms); err != nil || len(applied) != 0 {
+		t.Fatalf("a second run: applied %v, %v", applied, err)
+	}
+}
+
+// After a rollback to a paysvc from before the move, its migrate makes
+// schema_migrations anew and records there what it finds missing: the next
+// migrate adds those rows to paysvc_schema_migrations and drops the old
+// table.
+func TestMigrateMergesAFormerVersionsTableMadeAgain(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t) // fully migrated
+	ctx, ms := context.Background(), loadMigrations(t)
+	db.MustExec("CREATE TABLE schema_migrations LIKE paysvc_schema_migrations")
+	db.MustExec("INSERT INTO schema_migrations SELECT * FROM paysvc_schema_migrations")
+	last := ms[len(ms)-1]
+	db.MustExec("DELETE FROM paysvc_schema_migrations WHERE version = ?", last.Version)
+	want := versionRows(t, db, "schema_migrations")
+	applied, err := sqldb.Migrate(ctx, db, ms)
+	if err != nil || len(applied) != 0 {
+		t.Fatalf("migrate: applied %v, %v; want nothing (the old table records %s)", applied, err, last.Name)
+	}
+	if tableExists(t, db, "schema_migrations") {
+		t.Fatal("schema_migrations is still there")
+	}
+	if got := versionRows(t, db, "paysvc_schema_migrations"); got != want {
+		t.Fatalf("versions %s, want %s", got, want)
+	}
+}
+
+// A schema_migrations of another tool in the same database is neither read
+// nor moved nor changed, whether paysvc migrates the database from empty or
+// finds it migrated: golang-migrate's (version, dirty), and tables with
+// paysvc's columns but another tool's rows, even one that names its first
+// migration 0001_init.
+func TestMigrateLeavesAnotherToolsSchemaMigrationsAlone(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []struct{ name, create, insert string }{
+		{"golang-migrate", "CREATE TABLE schema_migrations (version BIGINT NOT NULL, dirty BOOLEAN NOT NULL, PRIMARY KEY (version))",
+			"INSERT INTO schema_migrations VALUES (20240101120000, 0)"},
+		{"same columns", "CREATE TABLE schema_migrations (version INT NOT NULL, name VARCHAR(255) NOT NULL, applied_at DATETIME(3) NOT NULL, PRIMARY KEY (version))",
+			"INSERT INTO schema_migrations VALUES (1, 'create_users', '2024-01-01'), (2, '0002_operations', '2024-01-02')"},
+		{"same first name", "CREATE TABLE schema_migrations (version INT NOT NULL, name VARCHAR(255) NOT NULL, applied_at DATETIME(3) NOT NULL, PRIMARY KEY (version))",
+			"INSERT INTO schema_migrations VALUES (1, '0001_init', '2024-01-01'), (2, '0002_users', '2024-01-02')"},
+	} {
+		for _, empty := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/empty=%v", tool.name, empty), func(t *testing.T) {
+				t.Parallel()
+				var db *sqlx.DB
+				if empty {
+					db = emptyDatabase(t)
+				} else {
+					_, db = testenv.MySQL(t)
+				}
+				ctx, ms := context.Background(), loadMigrations(t)
+				db.MustExec(tool.create)
+				db.MustExec(tool.insert)
+				before := fmt.Sprint(tableDump(t, db, "schema_migrations"))
+				applied, err := sqldb.Migrate(ctx, db, ms)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := map[bool]int{true: len(ms), false: 0}[empty]; len(applied) != want {
+					t.Fatalf("applied %d migrations, want %d: %v", len(applied), want, applied)
+				}
+				if after := fmt.Sprint(tableDump(t, db, "schema_migrations")); after != before {
+					t.Fatalf("the other tool's table changed:\n%s\nwas\n%s", after, before)
+				}
+				if err := sqldb.CheckSchema(ctx, db, ms); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+// A daemon user granted the tables before the move, and not yet
+// paysvc_schema_migrations, is told which grant it lacks and where it comes
+// from.
+func TestCheckSchemaNamesTheMissingGrant(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := testenv.Name(t)
+	user := "pv_" + name[len(name)-8:]
+	db.MustExec("CREATE USER '" + user + "'@'%' IDENTIFIED BY 'pw-of-test'")
+	t.Cleanup(func() { db.Exec("DROP USER IF EXISTS '" + user + "'@'%'") })
+	db.MustExec("GRANT SELECT ON `" + cfg.DBName + "`.t_account_flow TO '" + user + "'@'%'")
+	cfg.User, cfg.Passwd = user, "pw-of-test"
+	app, err := sqldb.Open(context.Background(), cfg.FormatDSN(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	err = sqldb.CheckSchema(context.Background(), app, loadMigrations(t))
+	if err == nil || !strings.Contains(err.Error(), "needs SELECT on paysvc_schema_migrations") || !strings.Contains(err.Error(), "least-privilege.sh") {
+		t.Fatalf("CheckSchema without a grant on the versions: %v, want it to name the grant", err)
 	}
 }

@@ -215,6 +215,7 @@ func InTx(ctx context.Context, db *sqlx.DB, fn func(tx *Tx) error) error {
 // MySQL server error numbers that carry meaning here.
 const (
 	errDupEntry       = 1062
+	errNoGrant        = 1142 // a table the user has no grant on
 	errSyntax         = 1064
 	errLockWait       = 1205
 	errDeadlock       = 1213
@@ -271,6 +272,10 @@ func DuplicateKey(err error) string {
 // server without the syntax paysvc asks for (SKIP LOCKED before MariaDB
 // 10.6 and MySQL 8.0).
 func IsSyntax(err error) bool { return code(err) == errSyntax }
+
+// IsNoGrant reports a table the user has no grant on (or, having none,
+// cannot be told is missing).
+func IsNoGrant(err error) bool { return code(err) == errNoGrant }
 
 // IsDeadlock reports a deadlock (1213): InnoDB rolled the transaction back
 // at once, and running it again as a whole usually succeeds.
