@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -124,6 +125,26 @@ func TestSyntaxErrorRecognised(t *testing.T) {
 	}
 	if sqldb.IsSyntax(&mysql.MySQLError{Number: 1205}) {
 		t.Fatal("a lock wait timeout taken for a syntax error")
+	}
+}
+
+// A lock wait timeout is 1205, and on TiDB also the bare 1105 "lock wait
+// timeout" it answers when a pessimistic write conflict is found after the
+// whole wait; no other 1105 is one.
+func TestLockWaitRecognised(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&mysql.MySQLError{Number: 1205, Message: "Lock wait timeout exceeded; try restarting transaction"}, true},
+		{fmt.Errorf("order X: pay: %w", &mysql.MySQLError{Number: 1105, Message: "lock wait timeout"}), true},
+		{&mysql.MySQLError{Number: 1105, Message: "runtime error: invalid memory address or nil pointer dereference"}, false},
+		{&mysql.MySQLError{Number: 1213, Message: "Deadlock found when trying to get lock; try restarting transaction"}, false},
+		{errors.New("lock wait timeout"), false},
+	} {
+		if got := sqldb.IsLockWait(tc.err); got != tc.want {
+			t.Errorf("IsLockWait(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }
 
