@@ -442,6 +442,17 @@ var ErrLocked = errors.New("the named lock is held elsewhere")
 // lock: longer than any run that holds one.
 const lockIdleTimeout = 24 * time.Hour
 
+// lockRetryPause is the pause before GET_LOCK is asked again after TiDB's
+// "pessimistic lock retry limit reached".
+const lockRetryPause = 100 * time.Millisecond
+
+// lockRetryLimit reports TiDB's error for a statement whose lock it
+// retried too often (its pessimistic-txn.max-retry-count, 256).
+func lockRetryLimit(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == errUnknown && me.Message == "pessimistic lock retry limit reached"
+}
+
 // lockReleaseTimeout bounds a named lock's release.
 const lockReleaseTimeout = 5 * time.Second
 
@@ -465,8 +476,20 @@ func Lock(ctx context.Context, db *sqlx.DB, name string, wait time.Duration) (*s
 	}
 	var got int
 	_, err = conn.ExecContext(ctx, "SET SESSION wait_timeout = ?", int(lockIdleTimeout/time.Second))
-	if err == nil {
-		err = conn.GetContext(ctx, &got, "SELECT COALESCE(GET_LOCK(?, ?), 0)", name, int(wait/time.Second))
+	// TiDB's GET_LOCK is a row lock of its own, and under contention ends
+	// in its error "pessimistic lock retry limit reached" (1105) instead of
+	// waiting: asked again until the wait has passed.
+	for deadline := time.Now().Add(wait); err == nil; {
+		err = conn.GetContext(ctx, &got, "SELECT COALESCE(GET_LOCK(?, ?), 0)", name, max(0, int(time.Until(deadline)/time.Second)))
+		if !lockRetryLimit(err) || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-time.After(lockRetryPause):
+			err = nil
+		}
 	}
 	if err == nil && got != 1 {
 		err = ErrLocked
