@@ -13,7 +13,7 @@ IMAGE   ?= paysvc
 DOCKER  ?= docker
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: build release services test-tools test rules lint demo chaos chaos-cluster soak bench clean
+.PHONY: build release services test-tools test test-tidb rules lint demo chaos chaos-cluster soak bench clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)" -o $(BIN)/paysvc ./cmd/paysvc
@@ -63,6 +63,13 @@ test: services test-tools lint rules
 	$(GO) test $(TESTFLAGS) ./...
 	cd tools && $(GO) test $(TESTFLAGS) ./...
 	scripts/leftovers.sh check tmp/leftovers.before
+
+# The MySQL-facing tests and one fault scenario (TIDB_CHAOS) against TiDB:
+# a tidb-server of its own on loopback (built once from the Go module proxy,
+# about 5 minutes of both cores, and kept), unistore storage. Not in CI;
+# what differs there: docs/deployment.md, "TiDB".
+test-tidb: services test-tools
+	scripts/test-tidb.sh
 
 # The alert rules: syntax, and promtool's unit tests (every rule fires on the
 # series it should; deploy/prometheus/*_test.yaml).

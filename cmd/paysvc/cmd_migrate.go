@@ -26,7 +26,7 @@ func migrate(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	if err := sqldb.CreateDatabase(ctx, dsn); err != nil {
 		return err
 	}
-	db, err := sqldb.Open(ctx, dsn, 2)
+	db, err := sqldb.OpenWith(ctx, dsn, sqldb.Options{MaxOpen: 2, Log: log})
 	if err != nil {
 		return err
 	}

@@ -36,7 +36,9 @@ type Grouper struct {
 	groups       *batch.Collector[*request] // nil: one transaction per payment
 	observe      func(n int)
 	held         *held
-	noSkipLocked atomic.Bool // the server does not know SKIP LOCKED
+	noSkipLocked atomic.Bool // the server does not know SKIP LOCKED, or does not honour it
+	// skipLockedAsked: the server was asked whether it honours SKIP LOCKED.
+	skipLockedAsked atomic.Bool
 }
 
 type request struct {

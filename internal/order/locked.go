@@ -25,8 +25,9 @@ import (
 //     short transaction reads which of the payments' account and order rows
 //     are locked now: SELECT ... FOR UPDATE SKIP LOCKED, which waits for
 //     nothing, then ROLLBACK. Those rows are marked. A server without SKIP
-//     LOCKED (before MariaDB 10.6 and MySQL 8.0) is not asked again: there
-//     a payment run alone that waited the lock out marks its account.
+//     LOCKED (before MariaDB 10.6 and MySQL 8.0), or one that does not
+//     honour it (TiDB), is not asked again: there a payment run alone
+//     that waited the lock out marks its account.
 //   - A payment of a marked account or order never joins a group; a group
 //     in the database that holds one is cut short (its statement killed,
 //     no COMMIT sent) and its payments run alone: it would wait as long,
@@ -116,13 +117,25 @@ func (s *Store) lockedRows(ctx context.Context, ps []Payment) (users []int64, or
 
 // diagnose reads which of ps' rows are locked (Store.lockedRows); ok is
 // false when the server could not say, and stays false for a server that
-// does not know SKIP LOCKED.
+// does not know SKIP LOCKED or does not honour it (TiDB, where it would
+// find every row free: sqldb.SkipLockedLocks).
 func (g *Grouper) diagnose(ctx context.Context, ps []Payment) (users []int64, orders []string, ok bool) {
 	if g.noSkipLocked.Load() {
 		return nil, nil, false
 	}
 	ctx, cancel := context.WithTimeout(ctx, diagnoseWithin)
 	defer cancel()
+	if !g.skipLockedAsked.Load() {
+		honoured, err := sqldb.SkipLockedLocks(ctx, g.s.db)
+		if err != nil {
+			return nil, nil, false
+		}
+		g.skipLockedAsked.Store(true)
+		if !honoured {
+			g.noSkipLocked.Store(true)
+			return nil, nil, false
+		}
+	}
 	users, orders, err := g.s.lockedRows(ctx, ps)
 	if sqldb.IsSyntax(err) {
 		g.noSkipLocked.Store(true)

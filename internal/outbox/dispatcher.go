@@ -43,8 +43,9 @@ type Dispatcher struct {
 	// dispatcher's connection (a resource alarm), and back to 0.
 	Blocked prometheus.Gauge
 
-	marks   int          // UPDATE statements marking notices sent (tests)
-	batches atomic.Int64 // publish batches of handed-over notices (tests, read while Run runs)
+	skipLocked atomic.Int32 // 0: not asked yet; 1: the server honours SKIP LOCKED; 2: it does not (leaseLock)
+	marks      int          // UPDATE statements marking notices sent (tests)
+	batches    atomic.Int64 // publish batches of handed-over notices (tests, read while Run runs)
 }
 
 // DefaultMarkDelay: the SENT marks of the notices handed over in this long
@@ -322,11 +323,15 @@ type notice struct {
 // follows the lease (the publishes, the reschedule, the marks) runs on
 // finish, which ctx's end does not cancel.
 func (d *Dispatcher) dispatchDue(ctx, finish context.Context, pub *broker.Publisher) (int, error) {
+	lock, err := d.leaseLock(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: lease: %w", err)
+	}
 	var rows []notice
-	err := sqldb.InTx(ctx, d.DB, func(tx *sqldb.Tx) error {
+	err = sqldb.InTx(ctx, d.DB, func(tx *sqldb.Tx) error {
 		err := tx.SelectContext(ctx, &rows, `SELECT id, biz_no, payload, attempts, traceparent FROM t_outbox
 			WHERE status = 'PENDING' AND next_attempt_at <= CURRENT_TIMESTAMP(3)
-			ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED`, min(d.Batch, broker.MaxBatch))
+			ORDER BY next_attempt_at, id LIMIT ? `+lock, min(d.Batch, broker.MaxBatch))
 		if err != nil || len(rows) == 0 {
 			return err
 		}
@@ -352,6 +357,30 @@ func (d *Dispatcher) dispatchDue(ctx, finish context.Context, pub *broker.Publis
 		return 0, merr
 	}
 	return len(sent), err
+}
+
+// leaseLock is the lease's locking clause: FOR UPDATE SKIP LOCKED, so
+// replicas share the work, where the server honours it; FOR UPDATE on
+// TiDB, whose SKIP LOCKED locks nothing, so that two replicas would lease
+// and send the same notices. There a replica waits for another's lease
+// (a short transaction), then reads the rows still due. Asked once.
+func (d *Dispatcher) leaseLock(ctx context.Context) (string, error) {
+	switch d.skipLocked.Load() {
+	case 1:
+		return "FOR UPDATE SKIP LOCKED", nil
+	case 2:
+		return "FOR UPDATE", nil
+	}
+	ok, err := sqldb.SkipLockedLocks(ctx, d.DB)
+	if err != nil {
+		return "", err
+	}
+	if ok {
+		d.skipLocked.Store(1)
+	} else {
+		d.skipLocked.Store(2)
+	}
+	return d.leaseLock(ctx)
 }
 
 // markSent marks the sent notices in one statement within 10 s, on finish

@@ -39,11 +39,13 @@ var dsnRules = []dsnRule{
 // dsnConfigured are session variables paysvc sets from its own
 // configuration keys; the DSN must not set them too.
 var dsnConfigured = map[string]string{
-	"innodb_lock_wait_timeout": "mysql.lockWaitTimeout",
-	"idle_transaction_timeout": "mysql.idleTransactionTimeout",
-	"wait_timeout":             "mysql.idleTransactionTimeout",
-	"tx_isolation":             "(none: paysvc runs READ COMMITTED)",
-	"transaction_isolation":    "(none: paysvc runs READ COMMITTED)",
+	"innodb_lock_wait_timeout":      "mysql.lockWaitTimeout",
+	"idle_transaction_timeout":      "mysql.idleTransactionTimeout",
+	"tidb_idle_transaction_timeout": "mysql.idleTransactionTimeout",
+	"wait_timeout":                  "mysql.idleTransactionTimeout",
+	"tx_isolation":                  "(none: paysvc runs READ COMMITTED)",
+	"transaction_isolation":         "(none: paysvc runs READ COMMITTED)",
+	"tidb_txn_mode":                 "(none: paysvc runs pessimistic transactions on TiDB)",
 }
 
 // dsnParams returns the parameters written in dsn's query part, as written

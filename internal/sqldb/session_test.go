@@ -10,6 +10,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/testenv"
@@ -32,6 +34,8 @@ func TestCheckDSN(t *testing.T) {
 		{"root@tcp(127.0.0.1:3306)/paysvc?autocommit=0", []string{"autocommit=0"}},
 		{"root@tcp(127.0.0.1:3306)/paysvc?innodb_lock_wait_timeout=50", []string{"innodb_lock_wait_timeout", "mysql.lockWaitTimeout"}},
 		{"root@tcp(127.0.0.1:3306)/paysvc?tx_isolation=%27REPEATABLE-READ%27", []string{"tx_isolation"}},
+		{"root@tcp(127.0.0.1:4000)/paysvc?tidb_txn_mode=optimistic", []string{"tidb_txn_mode", "pessimistic"}},
+		{"root@tcp(127.0.0.1:4000)/paysvc?tidb_idle_transaction_timeout=60", []string{"tidb_idle_transaction_timeout", "mysql.idleTransactionTimeout"}},
 		{"root@tcp(127.0.0.1:3306)/paysvc?sql_mode=%27NO_ENGINE_SUBSTITUTION%27", []string{"not strict"}},
 		{"root@tcp(127.0.0.1:3306)/paysvc?interpolateParams=false&parseTime=false", []string{"interpolateParams", "parseTime"}},
 	} {
@@ -67,7 +71,11 @@ func TestOpenRefusesInterpolateParamsFalse(t *testing.T) {
 	}
 }
 
-// Every connection runs READ COMMITTED with paysvc's lock wait bound.
+// Every connection runs READ COMMITTED with paysvc's lock wait and
+// idle-transaction bounds, each set through the variable the server has
+// (MariaDB's idle_transaction_timeout, TiDB's tidb_idle_transaction_timeout,
+// MySQL's wait_timeout), and on TiDB in pessimistic transactions whatever
+// the server's default (make test-tidb runs it with optimistic ones).
 func TestSessionSettings(t *testing.T) {
 	t.Parallel()
 	dsn, _ := testenv.MySQL(t)
@@ -76,14 +84,68 @@ func TestSessionSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	var iso string
-	var lockWait, idle int
-	if err := db.QueryRow("SELECT @@session.tx_isolation, @@session.innodb_lock_wait_timeout, @@session.idle_transaction_timeout").
-		Scan(&iso, &lockWait, &idle); err != nil {
+	var version string
+	if err := db.Get(&version, "SELECT @@version"); err != nil {
 		t.Fatal(err)
 	}
-	if iso != "READ-COMMITTED" || lockWait != 3 || idle != 7 {
-		t.Fatalf("session: isolation %s, lock wait %d, idle transaction %d; want READ-COMMITTED, 3, 7", iso, lockWait, idle)
+	isolation, idleVar, mode := "tx_isolation", "idle_transaction_timeout", "'pessimistic'"
+	switch v := strings.ToLower(version); {
+	case strings.Contains(v, "tidb"):
+		idleVar, mode = "tidb_idle_transaction_timeout", "@@session.tidb_txn_mode"
+	case !strings.Contains(v, "mariadb"):
+		isolation, idleVar = "transaction_isolation", "wait_timeout"
+	}
+	var iso, txnMode string
+	var lockWait, idle int
+	if err := db.QueryRow("SELECT @@session."+isolation+", @@session.innodb_lock_wait_timeout, @@session."+idleVar+", "+mode).
+		Scan(&iso, &lockWait, &idle, &txnMode); err != nil {
+		t.Fatal(err)
+	}
+	if iso != "READ-COMMITTED" || lockWait != 3 || idle != 7 || txnMode != "pessimistic" {
+		t.Fatalf("%s session: isolation %s, lock wait %d, %s %d, transactions %s; want READ-COMMITTED, 3, 7, pessimistic",
+			version, iso, lockWait, idleVar, idle, txnMode)
+	}
+}
+
+// What paysvc relies on and the server does not do is logged when the
+// pool opens: nothing on MariaDB and MySQL; on TiDB, its SKIP LOCKED that
+// locks nothing, and CHECK constraints while tidb_enable_check_constraint
+// is OFF.
+func TestOpenSaysWhatTheServerDoesNotEnforce(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	var version string
+	if err := db.Get(&version, "SELECT @@version"); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	if strings.Contains(strings.ToLower(version), "tidb") {
+		var checks string
+		if err := db.Get(&checks, "SELECT @@global.tidb_enable_check_constraint"); err != nil {
+			t.Fatal(err)
+		}
+		if checks != "1" {
+			want = append(want, "CHECK constraints")
+		}
+		want = append(want, "SKIP LOCKED")
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	pool, err := sqldb.OpenWith(context.Background(), dsn, sqldb.Options{MaxOpen: 1, Log: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	var got []string
+	for _, e := range logs.FilterMessage("mysql: not enforced on this server").All() {
+		got = append(got, e.ContextMap()["what"].(string))
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%s: logged as not enforced %q, want %d naming %q", version, got, len(want), want)
+	}
+	for i := range want {
+		if !strings.Contains(got[i], want[i]) {
+			t.Fatalf("%s: logged as not enforced %q, want %q", version, got, want)
+		}
 	}
 }
 

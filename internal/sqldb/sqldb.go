@@ -37,9 +37,9 @@ type Options struct {
 	// IdleTransaction ends a connection whose transaction sits idle this long
 	// (0: DefaultIdleTransaction): a client that vanished mid-transaction
 	// (a black-holed network, a frozen process) cannot hold order and
-	// account locks for hours. MariaDB's idle_transaction_timeout; on MySQL,
-	// which has none, wait_timeout (idle pooled connections are retired
-	// before it).
+	// account locks for hours. MariaDB's idle_transaction_timeout, TiDB's
+	// tidb_idle_transaction_timeout; on MySQL, which has none, wait_timeout
+	// (idle pooled connections are retired before it).
 	IdleTransaction time.Duration
 	// Log receives what the pool's background work cannot return: a
 	// cancelled statement that could not be killed (nil: not logged).
@@ -71,8 +71,11 @@ func Open(ctx context.Context, dsn string, maxOpen int) (*sqlx.DB, error) {
 // statements for replication (binlog_format=STATEMENT) or is not strict,
 // both with a *SettingsError. Every connection runs READ COMMITTED (no gap
 // locks: a payment for an order not yet created cannot block its insert),
-// with opts' lock wait and idle-transaction bounds, and has its running
-// statement killed on the server when the statement's context ends.
+// with opts' lock wait and idle-transaction bounds (on TiDB, pessimistic
+// transactions too), and has its running statement killed on the server
+// when the statement's context ends. Only the variables the server has are
+// read and set: what paysvc relies on that the server does not do is
+// logged to opts.Log as a warning.
 func OpenWith(ctx context.Context, dsn string, opts Options) (*sqlx.DB, error) {
 	if err := CheckDSN(dsn); err != nil {
 		return nil, &SettingsError{fmt.Errorf("mysql dsn: %w", err)}
@@ -104,25 +107,29 @@ func OpenWith(ctx context.Context, dsn string, opts Options) (*sqlx.DB, error) {
 		return nil, err
 	}
 	cfg.Params["innodb_lock_wait_timeout"] = strconv.Itoa(max(1, int(opts.LockWait.Round(time.Second)/time.Second)))
-	idle := strconv.Itoa(max(1, int(opts.IdleTransaction.Round(time.Second)/time.Second)))
-	if srv.mariaDB {
-		cfg.Params["tx_isolation"] = "'READ-COMMITTED'"
-		cfg.Params["idle_transaction_timeout"] = idle
-	} else {
-		cfg.Params["transaction_isolation"] = "'READ-COMMITTED'"
-		cfg.Params["wait_timeout"] = idle
+	cfg.Params[srv.isolation] = "'READ-COMMITTED'"
+	cfg.Params[srv.idleVar] = strconv.Itoa(max(1, int(opts.IdleTransaction.Round(time.Second)/time.Second)))
+	if srv.tidb {
+		// READ COMMITTED, and locks taken when the statement runs: an
+		// optimistic transaction would meet a conflict only at COMMIT
+		// (error 9007), which paysvc takes for an unknown outcome.
+		cfg.Params["tidb_txn_mode"] = "'pessimistic'"
+	}
+	log := cmp.Or(opts.Log, zap.NewNop())
+	for _, gap := range srv.gaps {
+		log.Warn("mysql: not enforced on this server", zap.String("server", srv.version), zap.String("what", gap))
 	}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
 		return nil, &SettingsError{fmt.Errorf("mysql dsn: %w", err)}
 	}
 	db := sqlx.NewDb(sql.OpenDB(killingConnector{Connector: connector,
-		log: cmp.Or(opts.Log, zap.NewNop()), timeout: cmp.Or(opts.killTimeout, killTimeout)}), "mysql")
+		log: log, timeout: cmp.Or(opts.killTimeout, killTimeout)}), "mysql")
 	db.SetMaxOpenConns(opts.MaxOpen)
 	db.SetMaxIdleConns(opts.MaxOpen)
 	db.SetConnMaxLifetime(30 * time.Minute)
 	db.SetConnMaxIdleTime(5 * time.Minute)
-	if !srv.mariaDB {
+	if srv.idleVar == "wait_timeout" {
 		db.SetConnMaxIdleTime(min(5*time.Minute, opts.IdleTransaction/2))
 	}
 	if err := db.PingContext(pingCtx); err != nil {
@@ -134,11 +141,29 @@ func OpenWith(ctx context.Context, dsn string, opts Options) (*sqlx.DB, error) {
 
 // server is what OpenWith learns from the server before it opens the pool.
 type server struct {
-	mariaDB bool
+	version string
+	tidb    bool
+	// isolation is the session variable of the isolation level:
+	// tx_isolation (MariaDB, TiDB) or transaction_isolation (MySQL 8).
+	isolation string
+	// idleVar bounds an idle transaction: idle_transaction_timeout
+	// (MariaDB), tidb_idle_transaction_timeout (TiDB), or wait_timeout
+	// (MySQL, which has no such bound: an idle connection's, in or out of
+	// a transaction).
+	idleVar string
+	// gaps are what paysvc relies on that this server does not do, for
+	// the log.
+	gaps []string
 }
 
-// inspect connects once and reads the server's flavor and the settings
-// paysvc cannot run with.
+// settingVars are the session variables inspect reads when the server has
+// them: SELECT @@name fails on a server without name (TiDB has no
+// log_bin), so they are read by name from SHOW VARIABLES.
+var settingVars = []string{"log_bin", "binlog_format", "tx_isolation", "transaction_isolation",
+	"idle_transaction_timeout", "tidb_idle_transaction_timeout", "tidb_enable_check_constraint"}
+
+// inspect connects once and reads the server's flavor, the session
+// variables it has, and the settings paysvc cannot run with.
 func inspect(ctx context.Context, cfg *mysql.Config) (server, error) {
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
@@ -146,16 +171,28 @@ func inspect(ctx context.Context, cfg *mysql.Config) (server, error) {
 	}
 	db := sql.OpenDB(connector)
 	defer db.Close()
-	var (
-		version, format, mode string
-		logBin                int
-	)
-	err = db.QueryRowContext(ctx, "SELECT @@version, @@log_bin, @@session.binlog_format, @@session.sql_mode").
-		Scan(&version, &logBin, &format, &mode)
+	var version, mode string
+	if err := db.QueryRowContext(ctx, "SELECT @@version, @@session.sql_mode").Scan(&version, &mode); err != nil {
+		return server{}, fmt.Errorf("mysql %s: %w", cfg.Addr, err)
+	}
+	vars := map[string]string{}
+	rows, err := db.QueryContext(ctx, "SHOW SESSION VARIABLES WHERE Variable_name IN ('"+strings.Join(settingVars, "', '")+"')")
 	if err != nil {
 		return server{}, fmt.Errorf("mysql %s: %w", cfg.Addr, err)
 	}
-	if logBin == 1 && strings.EqualFold(format, "STATEMENT") {
+	defer rows.Close()
+	for rows.Next() {
+		var name, value string
+		if err := rows.Scan(&name, &value); err != nil {
+			return server{}, fmt.Errorf("mysql %s: %w", cfg.Addr, err)
+		}
+		vars[strings.ToLower(name)] = value
+	}
+	if err := rows.Err(); err != nil {
+		return server{}, fmt.Errorf("mysql %s: %w", cfg.Addr, err)
+	}
+	on := func(name string) bool { v := vars[name]; return strings.EqualFold(v, "ON") || v == "1" }
+	if on("log_bin") && strings.EqualFold(vars["binlog_format"], "STATEMENT") {
 		return server{}, &SettingsError{fmt.Errorf("mysql %s: binary logging with binlog_format=STATEMENT: "+
 			"paysvc runs its payments under READ COMMITTED, which InnoDB refuses to log as statements, and the "+
 			"outbox's ORDER BY ... LIMIT ... SKIP LOCKED leases are unsafe for statement replication; set binlog_format=ROW (or MIXED)", cfg.Addr)}
@@ -164,7 +201,50 @@ func inspect(ctx context.Context, cfg *mysql.Config) (server, error) {
 		return server{}, &SettingsError{fmt.Errorf("mysql %s: sql_mode %q is not strict: an oversized or out-of-range "+
 			"value would be cut silently; add STRICT_TRANS_TABLES to the server's sql_mode or to the DSN (sql_mode=...)", cfg.Addr, mode)}
 	}
-	return server{mariaDB: strings.Contains(strings.ToLower(version), "mariadb")}, nil
+	srv := server{version: version, tidb: isTiDB(version)}
+	switch {
+	case vars["tx_isolation"] != "":
+		srv.isolation = "tx_isolation"
+	case vars["transaction_isolation"] != "":
+		srv.isolation = "transaction_isolation"
+	default:
+		return server{}, &SettingsError{fmt.Errorf("mysql %s (%s): neither tx_isolation nor transaction_isolation: "+
+			"paysvc cannot set READ COMMITTED", cfg.Addr, version)}
+	}
+	switch {
+	case vars["idle_transaction_timeout"] != "":
+		srv.idleVar = "idle_transaction_timeout"
+	case vars["tidb_idle_transaction_timeout"] != "":
+		srv.idleVar = "tidb_idle_transaction_timeout"
+	default:
+		srv.idleVar = "wait_timeout"
+	}
+	if srv.tidb {
+		if !on("tidb_enable_check_constraint") {
+			srv.gaps = append(srv.gaps, "CHECK constraints (tidb_enable_check_constraint is OFF: a table created "+
+				"meanwhile has none; set it ON globally before paysvc migrate)")
+		}
+		srv.gaps = append(srv.gaps, "SELECT ... FOR UPDATE SKIP LOCKED (it locks nothing and skips nothing): "+
+			"outbox replicas take turns to lease notices (FOR UPDATE), and an account row locked elsewhere "+
+			"is found only by a payment that waited it out")
+	}
+	return srv, nil
+}
+
+func isTiDB(version string) bool { return strings.Contains(strings.ToLower(version), "tidb") }
+
+// SkipLockedLocks reports whether the server honours SELECT ... FOR UPDATE
+// SKIP LOCKED: it locks the rows it returns and leaves out those locked
+// elsewhere. TiDB accepts the clause, then locks nothing and skips nothing
+// (its planner takes only FOR UPDATE, NOWAIT and WAIT n as locking reads,
+// and reads the rows as a plain SELECT): there a read that needs the
+// locks says FOR UPDATE and waits for them.
+func SkipLockedLocks(ctx context.Context, q sqlx.QueryerContext) (bool, error) {
+	var version string
+	if err := sqlx.GetContext(ctx, q, &version, "SELECT @@version"); err != nil {
+		return false, err
+	}
+	return !isTiDB(version), nil
 }
 
 // Tx is a connection inside a transaction of InTx.
@@ -218,6 +298,7 @@ const (
 	errNoGrant        = 1142 // a table the user has no grant on
 	errSyntax         = 1064
 	errLockWait       = 1205
+	errUnknown        = 1105 // TiDB's error for whatever has no MySQL number
 	errDeadlock       = 1213
 	errServerShutdown = 1053
 	errQueryKilled    = 1317
@@ -283,8 +364,14 @@ func IsDeadlock(err error) bool { return code(err) == errDeadlock }
 
 // IsLockWait reports a lock wait timeout (1205): a row stayed locked for the
 // whole innodb_lock_wait_timeout. MySQL rolled back only the statement: roll
-// back the transaction, and try again later rather than at once.
-func IsLockWait(err error) bool { return code(err) == errLockWait }
+// back the transaction, and try again later rather than at once. TiDB
+// answers some of its lock wait timeouts (a write conflict found after the
+// wait, in pessimistic transactions) with its storage layer's bare error:
+// 1105 "lock wait timeout".
+func IsLockWait(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == errLockWait || me.Number == errUnknown && me.Message == "lock wait timeout")
+}
 
 // IsConnection reports a lost or refused connection (refused by the
 // network or by the server: too many connections, a blocked host, offline
@@ -364,6 +451,17 @@ var ErrLocked = errors.New("the named lock is held elsewhere")
 // lock: longer than any run that holds one.
 const lockIdleTimeout = 24 * time.Hour
 
+// lockRetryPause is the pause before GET_LOCK is asked again after TiDB's
+// "pessimistic lock retry limit reached".
+const lockRetryPause = 100 * time.Millisecond
+
+// lockRetryLimit reports TiDB's error for a statement whose lock it
+// retried too often (its pessimistic-txn.max-retry-count, 256).
+func lockRetryLimit(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == errUnknown && me.Message == "pessimistic lock retry limit reached"
+}
+
 // lockReleaseTimeout bounds a named lock's release.
 const lockReleaseTimeout = 5 * time.Second
 
@@ -393,8 +491,20 @@ func Lock(ctx context.Context, db *sqlx.DB, name string, wait time.Duration) (*s
 	}
 	var got int
 	_, err = conn.ExecContext(ctx, "SET SESSION wait_timeout = ?", int(lockIdleTimeout/time.Second))
-	if err == nil {
-		err = conn.GetContext(ctx, &got, "SELECT COALESCE(GET_LOCK(?, ?), 0)", name, int(wait/time.Second))
+	// TiDB's GET_LOCK is a row lock of its own, and under contention ends
+	// in its error "pessimistic lock retry limit reached" (1105) instead of
+	// waiting: asked again until the wait has passed.
+	for deadline := time.Now().Add(wait); err == nil; {
+		err = conn.GetContext(ctx, &got, "SELECT COALESCE(GET_LOCK(?, ?), 0)", name, max(0, int(time.Until(deadline)/time.Second)))
+		if !lockRetryLimit(err) || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-time.After(lockRetryPause):
+			err = nil
+		}
 	}
 	if err == nil && got != 1 {
 		err = ErrLocked

@@ -4,6 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,6 +130,26 @@ func TestSyntaxErrorRecognised(t *testing.T) {
 	}
 }
 
+// A lock wait timeout is 1205, and on TiDB also the bare 1105 "lock wait
+// timeout" it answers when a pessimistic write conflict is found after the
+// whole wait; no other 1105 is one.
+func TestLockWaitRecognised(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&mysql.MySQLError{Number: 1205, Message: "Lock wait timeout exceeded; try restarting transaction"}, true},
+		{fmt.Errorf("order X: pay: %w", &mysql.MySQLError{Number: 1105, Message: "lock wait timeout"}), true},
+		{&mysql.MySQLError{Number: 1105, Message: "runtime error: invalid memory address or nil pointer dereference"}, false},
+		{&mysql.MySQLError{Number: 1213, Message: "Deadlock found when trying to get lock; try restarting transaction"}, false},
+		{errors.New("lock wait timeout"), false},
+	} {
+		if got := sqldb.IsLockWait(tc.err); got != tc.want {
+			t.Errorf("IsLockWait(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
 func TestDuplicateKeyName(t *testing.T) {
 	for msg, want := range map[string]string{
 		"Duplicate entry 'P1-PAY_DEDUCT' for key 'uk_biz_no_type'":                         "uk_biz_no_type",
@@ -185,6 +208,43 @@ func TestLockOutlivesTheIdleTimeout(t *testing.T) {
 	}
 	if _, _, err := sqldb.Lock(ctx, db, name, 0); !errors.Is(err, sqldb.ErrLocked) {
 		t.Fatalf("a second Lock: %v, want ErrLocked", err)
+	}
+}
+
+// Contenders for one named lock (replicas migrating at once) each get it
+// within the wait, one at a time: on TiDB too, whose GET_LOCK under
+// contention ends in "pessimistic lock retry limit reached" instead of
+// waiting.
+func TestLockUnderContention(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	db.SetMaxOpenConns(24)
+	name := testenv.Name(t)
+	var holders, most atomic.Int32
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for range 20 {
+		wg.Go(func() {
+			_, release, err := sqldb.Lock(context.Background(), db, name, 30*time.Second)
+			if err != nil {
+				errs <- err
+				return
+			}
+			n := holders.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			time.Sleep(50 * time.Millisecond) // a migration's work, while the others wait
+			holders.Add(-1)
+			release()
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("Lock: %v", err)
+	}
+	if m := most.Load(); m != 1 {
+		t.Fatalf("%d contenders held the lock at once, want 1", m)
 	}
 }
 
