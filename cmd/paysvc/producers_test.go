@@ -6,12 +6,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"go.yaml.in/yaml/v3"
 
+	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/outbox"
 	"github.com/paysvc/paysvc/internal/testenv"
 	"github.com/paysvc/paysvc/internal/tracing"
@@ -161,4 +164,99 @@ func noticeSchema(t *testing.T) *jsonschema.Schema {
 		t.Fatal(err)
 	}
 	return sch
+}
+
+// docs/contract/asyncapi.yaml is a valid AsyncAPI 3.0 document (by the
+// AsyncAPI Initiative's own JSON Schema, npm's @asyncapi/specs), names the
+// queues, exchanges, routing key and headers paysvc uses, points at the
+// message schemas, and its examples follow them.
+func TestAsyncAPIDocument(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := exec.Command("scripts/example-deps.sh")
+	deps.Dir = root
+	if out, err := deps.CombinedOutput(); err != nil {
+		t.Fatalf("@asyncapi/specs (scripts/ensure-test-tools.sh installs node and npm): %v\n%s", err, out)
+	}
+	raw, err := os.ReadFile("../../docs/contract/asyncapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	doc = jsonValue(doc)
+
+	c := jsonschema.NewCompiler()
+	spec, err := c.Compile(filepath.Join(root, "tmp/node/node_modules/@asyncapi/specs/schemas/3.0.0.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spec.Validate(doc); err != nil {
+		t.Fatalf("not a valid AsyncAPI 3.0.0 document: %v", err)
+	}
+
+	// The names, from paysvc's own constants.
+	text := string(raw)
+	names := []string{listener.MainQueue, listener.DLXExchange, listener.RetryExchange, listener.TerminalQueue,
+		listener.OverflowQueue, listener.WaitQueue(30 * time.Second)[:len("q.pay.dlx.wait.")] + "{delay}",
+		outbox.Exchange, outbox.Queue, outbox.DeadQueue, outbox.RoutingKey, outbox.EventPaymentSucceeded,
+		tracing.Header, listener.HeaderRetryCount, listener.HeaderErrorClass, listener.HeaderLastError,
+		listener.HeaderFirstFailedAt, listener.HeaderLastFailedAt, listener.HeaderInFlightCount,
+		listener.HeaderRequeueCount, listener.HeaderRoutedTo}
+	for _, name := range names {
+		if !strings.Contains(text, name) {
+			t.Errorf("asyncapi.yaml does not name %s", name)
+		}
+	}
+	channels := doc.(map[string]any)["channels"].(map[string]any)
+	address := func(ch string) string { return channels[ch].(map[string]any)["address"].(string) }
+	if address("payments") != listener.MainQueue || address("notices") != outbox.RoutingKey || address("noticeQueue") != outbox.Queue {
+		t.Errorf("channel addresses %q, %q, %q", address("payments"), address("notices"), address("noticeQueue"))
+	}
+
+	// The messages' payloads are the schema files, and the examples follow them.
+	messages := doc.(map[string]any)["components"].(map[string]any)["messages"].(map[string]any)
+	for name, file := range map[string]string{"payment": "payment.schema.json", "notice": "notice.schema.json"} {
+		m := messages[name].(map[string]any)
+		payload := m["payload"].(map[string]any)
+		if ref := payload["schema"].(map[string]any)["$ref"]; ref != "./"+file {
+			t.Errorf("%s payload $ref %v, want ./%s", name, ref, file)
+		}
+		sc := jsonschema.NewCompiler()
+		sch, err := sc.Compile("../../docs/contract/" + file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ex := range m["examples"].([]any) {
+			if err := sch.Validate(ex.(map[string]any)["payload"]); err != nil {
+				t.Errorf("%s example: %v", name, err)
+			}
+		}
+	}
+}
+
+// jsonValue turns what yaml.v3 decodes into what encoding/json would:
+// validators expect json.Number for numbers.
+func jsonValue(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			v[k] = jsonValue(e)
+		}
+		return v
+	case []any:
+		for i, e := range v {
+			v[i] = jsonValue(e)
+		}
+		return v
+	case int:
+		return json.Number(strconv.Itoa(v))
+	case float64:
+		return json.Number(strconv.FormatFloat(v, 'f', -1, 64))
+	}
+	return v
 }
