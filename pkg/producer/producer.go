@@ -110,6 +110,11 @@ func New(cfg Config) (*Producer, error) {
 	if len(cfg.URLs) == 0 {
 		return nil, errors.New("producer: no broker URL")
 	}
+	for i, u := range cfg.URLs {
+		if u == "" {
+			return nil, fmt.Errorf("producer: broker URL %d of %d is empty", i+1, len(cfg.URLs))
+		}
+	}
 	cfg.Name = cmp.Or(cfg.Name, "paysvc-producer")
 	cfg.Attempts = cmp.Or(cfg.Attempts, DefaultAttempts)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)

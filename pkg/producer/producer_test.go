@@ -371,6 +371,48 @@ func TestInvalidPaymentIsNotSent(t *testing.T) {
 	}
 }
 
+// Payments published from many goroutines at once share the producer's
+// channel, each confirmed once.
+func TestConcurrentPublishers(t *testing.T) {
+	t.Parallel()
+	url := testenv.AMQP(t)
+	declare(t, url)
+	p := newProducer(t, producer.Config{URLs: []string{url}})
+	var all []producer.Payment
+	errs := make([][]error, 8)
+	done := make(chan int)
+	for g := range errs {
+		pays := payments(fmt.Sprintf("G%d-", g), 40)
+		all = append(all, pays...)
+		go func() {
+			errs[g] = make([]error, len(pays))
+			for i, pay := range pays[:20] { // one at a time
+				errs[g][i] = p.Publish(context.Background(), pay)
+			}
+			copy(errs[g][20:], p.PublishBatch(context.Background(), pays[20:]))
+			done <- g
+		}()
+	}
+	for range errs {
+		<-done
+	}
+	var flat []error
+	for _, e := range errs {
+		flat = append(flat, e...)
+	}
+	if c, _ := outcomes(t, url, all, flat, true); c != len(all) {
+		t.Fatalf("%d of %d confirmed: %v", c, len(all), errors.Join(flat...))
+	}
+}
+
+func TestConfigNeedsURLs(t *testing.T) {
+	for _, urls := range [][]string{nil, {""}, {"amqp://a/", ""}} {
+		if _, err := producer.New(producer.Config{URLs: urls}); err == nil {
+			t.Errorf("New with URLs %q: no error", urls)
+		}
+	}
+}
+
 // A cancelled context ends the retries: the payments are reported, with
 // the cause.
 func TestContextEndsTheRetries(t *testing.T) {
