@@ -26,6 +26,11 @@
 //
 // Each message carries the W3C traceparent header and the AMQP timestamp
 // (when it was published), and a message id of its own.
+//
+// During a resource alarm the broker stops reading from connections that
+// publish: attempts run out of time (Config.Timeout) unconfirmed, and the
+// payments are reported failed with ErrUnconfirmed once the attempts are
+// spent.
 package producer
 
 import (
@@ -88,6 +93,9 @@ const (
 	DefaultBackoff  = 250 * time.Millisecond
 	MaxBackoff      = 5 * time.Second
 )
+
+// closeTimeout bounds the close of a connection given up on.
+const closeTimeout = 5 * time.Second
 
 // maxInFlight is the most messages sent before their confirms are waited
 // for; a larger Publish goes in slices of it.
@@ -378,11 +386,12 @@ func (p *Producer) dial(ctx context.Context, url string) (*amqp.Connection, erro
 }
 
 // resetLocked drops the connection after a failure whose state is unclear;
-// the next attempt dials again. The close is not waited for: a connection
-// that stopped answering waits for its heartbeat to be declared dead.
+// the next attempt dials again. The close is not waited for, and is bounded:
+// a broker that stopped reading the connection (a resource alarm blocks
+// publishing connections) never answers it.
 func (p *Producer) resetLocked() {
-	if p.conn != nil {
-		go p.conn.Close()
+	if conn := p.conn; conn != nil {
+		go conn.CloseDeadline(time.Now().Add(closeTimeout))
 	}
 	p.conn, p.ch, p.returns = nil, nil, nil
 }

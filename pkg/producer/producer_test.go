@@ -413,6 +413,36 @@ func TestConfigNeedsURLs(t *testing.T) {
 	}
 }
 
+// During a resource alarm (on a node of the test's own: alarms are
+// node-wide) the broker reads nothing more from a publishing connection:
+// the attempts run out of time and every payment is reported, none hangs.
+// Once the alarm clears, publishing them again confirms each; those sent
+// during the alarm may be stored too (read once it cleared).
+func TestResourceAlarmReportsAndRecovers(t *testing.T) {
+	t.Parallel()
+	node, _, addr := testenv.RabbitNode(t, "", nil)
+	url := "amqp://guest:guest@" + addr + "/"
+	declare(t, url)
+	clearAlarm := testenv.MemoryAlarm(t, node)
+	p := newProducer(t, producer.Config{URLs: []string{url}, Attempts: 2, Timeout: 2 * time.Second})
+	pays := payments("AL", 50)
+	start := time.Now()
+	errs := p.PublishBatch(context.Background(), pays)
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("reported after %s", d)
+	}
+	for i, err := range errs {
+		if !errors.Is(err, producer.ErrUnconfirmed) && !errors.Is(err, producer.ErrNoConnection) {
+			t.Fatalf("payment %d during the alarm: %v, want ErrUnconfirmed or ErrNoConnection", i, err)
+		}
+	}
+	clearAlarm()
+	errs = p.PublishBatch(context.Background(), pays)
+	if c, _ := outcomes(t, url, pays, errs, false); c != len(pays) {
+		t.Fatalf("%d of %d confirmed after the alarm: %v", c, len(pays), errors.Join(errs...))
+	}
+}
+
 // A cancelled context ends the retries: the payments are reported, with
 // the cause.
 func TestContextEndsTheRetries(t *testing.T) {
