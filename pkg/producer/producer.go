@@ -213,7 +213,7 @@ func (p *Producer) PublishMessages(ctx context.Context, msgs []Message) (errs []
 	return errs
 }
 
-// attempt publishes pubs[i] for each i of which once, and waits for their
+// attempt publishes each message pubs[which[k]] once and waits for their
 // confirms; errs[k] is the outcome of pubs[which[k]].
 func (p *Producer) attempt(ctx context.Context, pubs []amqp.Publishing, which []int) (errs []error) {
 	errs = make([]error, len(which))
