@@ -199,7 +199,6 @@ func TestNackedPaymentsGoOutWhenTheQueueTakesThem(t *testing.T) {
 	errs := publishing(t, p, pays, func() {
 		await(t, nacked, "a nack")
 		testenv.ClearPolicy(t, url, "cap")
-		testenv.GetAll(t, url, listener.MainQueue) // the filler: a queue that shrinks takes publishes again
 	})
 	if c, _ := outcomes(t, url, pays, errs, true); c != len(pays) {
 		t.Fatalf("%d of %d confirmed: %v", c, len(pays), errors.Join(errs...))
