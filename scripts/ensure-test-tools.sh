@@ -6,7 +6,12 @@
 #   promtool  from Debian's prometheus package, for the alert rules' unit
 #             tests. Only the promtool binary is taken (into
 #             /usr/local/bin as root, else tmp/tools/, or PROMTOOL_DIR):
-#             the package's Prometheus server is never installed or started.
+#             the package's Prometheus server is never installed or started;
+#   node, npm Debian's nodejs and npm, and amqplib from the npm registry
+#             (into tmp/node: scripts/example-deps.sh), for the Node
+#             example producer's test;
+#   pika      Debian's python3-pika, for the Python example producer's
+#             test (it runs /usr/bin/python3, which has Debian's packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=
@@ -56,4 +61,31 @@ else
 	install -m 0755 "$work/x/usr/bin/promtool" "$dir/promtool"
 	"$dir/promtool" --version >/dev/null
 	echo "promtool: $dir/promtool"
+fi
+
+if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+	echo "node, npm: present"
+else
+	[ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ] || { echo "ERROR: node or npm is missing and this is not root (no sudo)" >&2; exit 1; }
+	echo "node, npm: installing Debian's nodejs and npm"
+	$SUDO apt-get update -qq
+	# A nodejs from another repository may carry npm itself, and conflict
+	# with Debian's npm: then only what is missing is installed.
+	pkgs=npm
+	command -v node >/dev/null 2>&1 || pkgs="nodejs npm"
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
+	command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { echo "ERROR: node or npm did not install" >&2; exit 1; }
+	echo "node, npm: installed"
+fi
+scripts/example-deps.sh
+
+if /usr/bin/python3 -c 'import pika' >/dev/null 2>&1; then
+	echo "python3-pika: present"
+else
+	[ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ] || { echo "ERROR: python3-pika is missing and this is not root (no sudo)" >&2; exit 1; }
+	echo "python3-pika: installing Debian's python3-pika"
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-pika >/dev/null
+	/usr/bin/python3 -c 'import pika' || { echo "ERROR: python3-pika did not install" >&2; exit 1; }
+	echo "python3-pika: installed"
 fi

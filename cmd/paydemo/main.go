@@ -25,6 +25,7 @@ import (
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/money"
 	"github.com/paysvc/paysvc/internal/sqldb"
+	"github.com/paysvc/paysvc/pkg/producer"
 )
 
 func main() {
@@ -63,7 +64,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	case "seed":
 		return withDB(ctx, *dsn, seed)
 	case "publish":
-		return publish(*amqpURL, out)
+		return publish(ctx, *amqpURL, out)
 	case "report":
 		return withDB(ctx, *dsn, func(ctx context.Context, db *sqlx.DB) error {
 			return report(ctx, db, *amqpURL, *terminal, out)
@@ -112,32 +113,28 @@ func seed(ctx context.Context, db *sqlx.DB) error {
 	return nil
 }
 
-func publish(url string, out io.Writer) error {
-	conn, err := amqp.Dial(url)
+// publish sends the demo's messages through the producer kit
+// (pkg/producer), as bodies of their own: some break the contract on
+// purpose, which Payment.Message would refuse to send.
+func publish(ctx context.Context, url string, out io.Writer) error {
+	p, err := producer.New(producer.Config{URLs: []string{url}, Name: "paydemo"})
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
+	defer p.Close()
+	msgs := make([]producer.Message, len(messages))
+	for i, m := range messages {
+		msgs[i] = producer.Message{Body: []byte(m.body)}
 	}
-	if err := ch.Confirm(false); err != nil {
-		return err
-	}
-	for _, m := range messages {
-		conf, err := ch.PublishWithDeferredConfirm("", listener.MainQueue, true, false, amqp.Publishing{
-			ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: []byte(m.body),
-		})
+	var failed []error
+	for i, err := range p.PublishMessages(ctx, msgs) {
 		if err != nil {
-			return err
+			failed = append(failed, err)
+			continue
 		}
-		if !conf.Wait() {
-			return errors.New("publish not confirmed")
-		}
-		fmt.Fprintf(out, "published %-78s %s\n", m.body, m.note)
+		fmt.Fprintf(out, "published %-78s %s\n", messages[i].body, messages[i].note)
 	}
-	return nil
+	return errors.Join(failed...)
 }
 
 func report(ctx context.Context, db *sqlx.DB, url string, wantTerminal int, out io.Writer) error {
