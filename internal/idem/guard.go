@@ -182,6 +182,37 @@ func (g *Guard) Release(ctx context.Context, c Claim) (bool, error) {
 	return n == 1, nil
 }
 
+// Peek reads what the order's key holds now, for an operator's look (paysvc
+// trace): Done, InFlight or Foreign, with the key's remaining life
+// (negative: it never expires); 0 when there is no key.
+func (g *Guard) Peek(ctx context.Context, orderNo string) (State, time.Duration, error) {
+	key := g.Key(orderNo)
+	pipe := g.rdb.Pipeline()
+	get, ttl := pipe.Get(ctx, key), pipe.PTTL(ctx, key)
+	pipe.Exec(ctx) // each command keeps its own error
+	v, err := get.Result()
+	var reply redis.Error
+	switch {
+	case errors.Is(err, redis.Nil):
+		return 0, 0, nil
+	case errors.As(err, &reply):
+		v = "<wrongtype>" // a key of another type: not paysvc's
+	case err != nil:
+		return 0, 0, fmt.Errorf("idem peek %s: %w", key, err)
+	}
+	left, err := ttl.Result()
+	if err != nil {
+		return 0, 0, fmt.Errorf("idem peek %s: %w", key, err)
+	}
+	switch {
+	case v == doneValue:
+		return Done, left, nil
+	case strings.HasPrefix(v, inFlightPrefix):
+		return InFlight, left, nil
+	}
+	return Foreign, left, nil
+}
+
 // Server returns the address of the Redis server the guard talks to, as
 // that server sees it (CLIENT INFO, laddr): behind Sentinel, the current
 // master. A Redis Cluster has a master per slot range, and a keyless
