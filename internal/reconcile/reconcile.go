@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -33,13 +34,15 @@ type Problem struct {
 	BizNo  string
 	UserID int64
 	Detail string
-	Fixed  bool // a reversal was booked by this run
+	Fixed  bool        // a reversal was booked, or a lost payment re-driven, by this run
+	Amount money.Cents // lost_payment: the payment's amount
 }
 
 // Report is what a run found.
 type Report struct {
 	Problems   []Problem // every finding: one order may fail several checks
 	Reconciled int       // duplicate groups already reversed by an earlier run
+	Lost       []Lost    // the lost payments among Problems, by order number
 }
 
 // Orders is how many orders the findings are about, each once however many
@@ -73,6 +76,12 @@ func (r Report) Accounts() int {
 type Options struct {
 	From, To time.Time // flows and payments in [From, To); zero: unbounded
 	Fix      bool      // book reversals for duplicate flows
+	// The lost-payment check, over every done key and every notice
+	// whatever From and To (nil: not run). Its fix, a re-drive through the
+	// main queue, is the caller's (replay.Replayer.Redrive).
+	Done     DoneKeys  // the Redis guard's done keys
+	ScanRate int       // keys read a second from Done (0: no bound)
+	Notices  io.Reader // payment-success notices, one JSON body a line
 }
 
 // ReverseSuffix makes the biz_no of a reversal: <orig>-REVERSE.
@@ -113,7 +122,7 @@ func Run(ctx context.Context, db *sqlx.DB, o Options) (Report, error) {
 	if err := duplicates(ctx, db, o, &r); err != nil {
 		return r, err
 	}
-	steps := []func(context.Context, *sqlx.DB, Options, *Report) error{paidWithoutFlow, flowWithoutPayment, flowMismatch, balances}
+	steps := []func(context.Context, *sqlx.DB, Options, *Report) error{paidWithoutFlow, flowWithoutPayment, flowMismatch, balances, lost}
 	for _, step := range steps {
 		if err := step(ctx, db, o, &r); err != nil {
 			return r, err

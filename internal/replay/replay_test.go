@@ -324,3 +324,78 @@ func (p publishAndThen) Publish(ctx context.Context, exchange, key string, msg a
 	}
 	return err
 }
+
+// A lost payment is parked as a lost_commit dead letter whose body decodes
+// to the payment, then replayed to q.pay.success with the operator and
+// reason; a payment whose dead letter says more (NEW of another class,
+// DISCARDED) is left to it; and one re-driven moments ago is not re-driven
+// again.
+func TestRedriveParksAndReplaysOnlyWhatNoRowCoversAlready(t *testing.T) {
+	t.Parallel()
+	_, db := testenv.MySQL(t)
+	url := testenv.AMQP(t)
+	testenv.Declare(t, url, func(ch *amqp.Channel) error { return listener.Declare(ch, []time.Duration{time.Second}) })
+	store := deadletter.NewStore(db)
+	ctx := context.Background()
+	lost := []order.Payment{{OrderNo: "RD1", UserID: 5, Amount: 1234}, {OrderNo: "RD2", UserID: 5, Amount: 100},
+		{OrderNo: "RD3", UserID: 6, Amount: 200}}
+	park := func(p order.Payment, class string) int64 {
+		id, _, err := store.Park(ctx, deadletter.Parked{OrderNo: p.OrderNo, UserID: &p.UserID, Amount: &p.Amount,
+			Body: []byte(`{}`), Headers: "{}", ErrorClass: class, LastError: "x", FirstFailedAt: time.Now(), LastFailedAt: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	park(lost[1], "balance_not_enough")
+	discarded := park(lost[2], "mismatch")
+	d, _, _ := store.Get(ctx, discarded)
+	if err := store.MarkDiscarded(ctx, d, "alice", "refunded by hand"); err != nil {
+		t.Fatal(err)
+	}
+	// Another message for RD1 (another amount) has a row of its own: not
+	// the lost payment's.
+	park(order.Payment{OrderNo: "RD1", UserID: 5, Amount: 1}, "mismatch")
+
+	pub := &broker.DialingPublisher{URL: url, Name: t.Name(), Timeout: 5 * time.Second}
+	defer pub.Close()
+	r := &replay.Replayer{Store: store, Orders: order.NewStore(db), DB: db, Publish: pub}
+	results, err := r.Redrive(ctx, lost, "bob", "failover of db1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != 3 || results[0].Err != nil || !strings.Contains(results[0].Outcome, "replayed to q.pay.success") ||
+		!strings.Contains(results[1].Outcome, "skipped: dead letter") || !strings.Contains(results[1].Outcome, "NEW (balance_not_enough)") ||
+		!strings.Contains(results[2].Outcome, "DISCARDED by alice") {
+		t.Fatalf("results %+v", results)
+	}
+	rows, err := store.List(ctx, deadletter.Filter{Class: replay.ClassLostCommit})
+	if err != nil || len(rows) != 1 || rows[0].Order() != "RD1" || rows[0].Status != deadletter.Replayed || rows[0].UpdatedBy != "bob" {
+		t.Fatalf("lost_commit rows %+v, %v", rows, err)
+	}
+	p, err := listener.DecodePayment(rows[0].Body)
+	if err != nil || p != lost[0] {
+		t.Fatalf("body %s decodes to %+v, %v; want %+v", rows[0].Body, p, err, lost[0])
+	}
+	got := testenv.GetAll(t, url, listener.MainQueue)
+	if len(got) != 1 || !bytes.Equal(got[0].Body, rows[0].Body) || got[0].Headers["x-replay-by"] != "bob" ||
+		got[0].Headers["x-replay-reason"] != "failover of db1" {
+		t.Fatalf("published %+v", got)
+	}
+	_, events, _ := store.Get(ctx, rows[0].ID)
+	if len(events) != 2 || events[0].Event != deadletter.EventParked || events[1].Event != deadletter.EventReplayed {
+		t.Fatalf("history %+v", events)
+	}
+
+	// Again at once: the copy may still be in the queue.
+	results, err = r.Redrive(ctx, lost[:1], "bob", "again")
+	if err != nil || !strings.Contains(results[0].Outcome, "skipped: dead letter") || !strings.Contains(results[0].Outcome, "replayed by bob") {
+		t.Fatalf("second re-drive %+v, %v", results, err)
+	}
+	if n := testenv.Depth(t, url, listener.MainQueue); n != 0 {
+		t.Fatalf("%d copies published by the second re-drive", n)
+	}
+	if _, err := r.Redrive(ctx, lost[:1], "bob", strings.Repeat("r", 300)); !errors.Is(err, deadletter.ErrBadInput) {
+		t.Fatalf("a reason the audit cannot hold: %v", err)
+	}
+}
