@@ -104,7 +104,7 @@ redis_part() {
 	# reads the line with its own quoting: escape backslashes and quotes.
 	local pw=${REDIS_PASSWORD//\\/\\\\}
 	pw=${pw//\"/\\\"}
-	printf 'ACL SETUSER %s reset on ">%s" "~%s*" resetchannels -@all +@connection +ping +get +set +del +pttl +eval +evalsha +zadd +zrem +zcount +zremrangebyscore +zscan\n' \
+	printf 'ACL SETUSER %s reset on ">%s" "~%s*" resetchannels -@all +@connection +ping +get +set +del +pttl +eval +evalsha +zadd +zrem +zcount +zremrangebyscore +zscan +scan\n' \
 		"$REDIS_USER" "$pw" "$PREFIX" | $REDIS_CLI | { read -r reply; [ "$reply" = "OK" ] || { echo "redis: ACL SETUSER failed: $reply" >&2; exit 1; }; }
 	echo "redis: $REDIS_USER limited to keys ${PREFIX}*"
 }

@@ -312,6 +312,7 @@ func TestCLIReconcileJSON(t *testing.T) {
 			Kind    string  `json:"kind"`
 			OrderNo *string `json:"order_no"`
 			UserID  int64   `json:"user_id"`
+			Amount  *string `json:"amount"` // lost_payment only
 			Detail  string  `json:"detail"`
 			Fixed   bool    `json:"fixed"`
 		} `json:"problems"`
@@ -329,6 +330,9 @@ func TestCLIReconcileJSON(t *testing.T) {
 			orderNo = *p.OrderNo
 		}
 		got[p.Kind] = fmt.Sprintf("%s %d %s %v", orderNo, p.UserID, p.Detail, p.Fixed)
+		if p.Amount != nil {
+			t.Errorf("%s has an amount %q: only a lost_payment has one", p.Kind, *p.Amount)
+		}
 	}
 	want := map[string]string{
 		"balance_mismatch":  "<null> 61 balance 7.00, opening balance plus flows 10.00 (difference -3.00) false",

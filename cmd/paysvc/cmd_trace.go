@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/paysvc/paysvc/internal/idem"
+	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/trace"
 )
 
@@ -40,7 +41,7 @@ func traceCmd(fs *flag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		entries = trace.Merge(entries, retryEntries(ctx, cfg, orderNo, time.Now()))
+		entries = trace.Merge(entries, redisEntries(ctx, cfg, db, orderNo, time.Now()))
 		for _, path := range logs {
 			f, err := os.Open(path)
 			if err != nil {
@@ -65,13 +66,11 @@ func traceCmd(fs *flag.FlagSet) runFunc {
 	}
 }
 
-// retryEntries lists the order's retry copies the retry ledger still
-// watches: where each was published and when it is (or was) due back. An
-// overdue one was stranded in its wait queue, or nothing brought it back.
-// Redis trouble is one entry saying so.
-func retryEntries(ctx context.Context, cfg *Config, orderNo string, now time.Time) []trace.Entry {
+// redisEntries reads what Redis knows of the order: its guard key and its
+// retry copies. Redis trouble is one entry saying so.
+func redisEntries(ctx context.Context, cfg *Config, db *sqldb.DB, orderNo string, now time.Time) []trace.Entry {
 	unread := func(err error) []trace.Entry {
-		return []trace.Entry{{At: now, Source: "retry", What: "retry ledger (Redis) not read: " + err.Error()}}
+		return []trace.Entry{{At: now, Source: "redis", What: "Redis not read: " + err.Error()}}
 	}
 	ropts, err := cfg.redisOptions(2)
 	if err != nil {
@@ -81,9 +80,60 @@ func retryEntries(ctx context.Context, cfg *Config, orderNo string, now time.Tim
 	defer rdb.Close()
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	copies, err := idem.New(rdb, idem.Config{KeyPrefix: cfg.Idempotent.KeyPrefix}).Retries().Of(rctx, orderNo)
+	guard := idem.New(rdb, idem.Config{KeyPrefix: cfg.Idempotent.KeyPrefix})
+	key, err := keyEntries(rctx, guard, db, cfg.Idempotent.TTL, orderNo, now)
 	if err != nil {
 		return unread(err)
+	}
+	retries, err := retryEntries(rctx, guard, orderNo, now)
+	if err != nil {
+		return unread(err)
+	}
+	return append(key, retries...)
+}
+
+// keyEntries says what the order's guard key holds. A done key whose order
+// is INIT or missing is a payment paysvc applied and the database lost.
+func keyEntries(ctx context.Context, guard *idem.Guard, db *sqldb.DB, ttl time.Duration, orderNo string, now time.Time) ([]trace.Entry, error) {
+	st, left, err := guard.Peek(ctx, orderNo)
+	if err != nil || st == 0 {
+		return nil, err
+	}
+	if st != idem.Done {
+		what := fmt.Sprintf("Redis key held by a claim in flight (%s of its lease left)", left.Round(time.Millisecond))
+		if st == idem.Foreign {
+			what = "Redis key holds a value paysvc does not write (a hand-written consumer's mark): the database decides alone"
+		}
+		return []trace.Entry{{At: now, Source: "redis", What: what}}, nil
+	}
+	// Marked when it had ttl to live (idempotent.ttl, as this
+	// configuration says: the daemon's may differ).
+	at := now.Add(left - ttl)
+	out := []trace.Entry{{At: at, Source: "redis", What: fmt.Sprintf("Redis key done: paysvc committed the payment (key expires %s)",
+		now.Add(left).UTC().Format(time.RFC3339))}}
+	var status []string
+	if err := db.SelectContext(ctx, &status, "SELECT status FROM t_order WHERE order_no = ?", orderNo); err != nil {
+		return nil, err
+	}
+	if len(status) == 0 || status[0] == "INIT" {
+		order := "missing"
+		if len(status) > 0 {
+			order = "INIT"
+		}
+		out = append(out, trace.Entry{At: now, Source: "redis", What: "the order is " + order + " while its Redis key says done: " +
+			"a payment paysvc applied that the database lost (a failover or restore); `paysvc reconcile` lists it, " +
+			"`paysvc reconcile --fix` re-drives it (docs/operations.md, \"Payments lost in a database failover\")"})
+	}
+	return out, nil
+}
+
+// retryEntries lists the order's retry copies the retry ledger still
+// watches: where each was published and when it is (or was) due back. An
+// overdue one was stranded in its wait queue, or nothing brought it back.
+func retryEntries(ctx context.Context, guard *idem.Guard, orderNo string, now time.Time) ([]trace.Entry, error) {
+	copies, err := guard.Retries().Of(ctx, orderNo)
+	if err != nil {
+		return nil, err
 	}
 	var out []trace.Entry
 	for _, rc := range copies {
@@ -95,5 +145,5 @@ func retryEntries(ctx context.Context, cfg *Config, orderNo string, now time.Tim
 		}
 		out = append(out, trace.Entry{At: rc.OverdueAt, Source: "retry", What: what})
 	}
-	return out
+	return out, nil
 }

@@ -78,9 +78,10 @@ type Config struct {
 	Alert     struct{ WebhookURL string }
 	Metrics   struct{ QueueInterval time.Duration }
 	Reconcile struct {
-		Interval time.Duration
-		Window   time.Duration
-		Fix      bool
+		Interval      time.Duration
+		Window        time.Duration
+		Fix           bool
+		LostSweepRate int
 	}
 	Trace struct{ OTLPEndpoint string }
 }

@@ -188,6 +188,12 @@ var keys = []key{
 	{name: "reconcile.fix", def: "false",
 		bind: func(c *Config) any { return &c.Reconcile.Fix },
 		doc:  "the scheduled run books reversals for duplicate flows"},
+	{name: "reconcile.lostSweepRate", def: "2000", check: atLeast0("want 0 (off) or more keys a second, got %d"),
+		bind: func(c *Config) any { return &c.Reconcile.LostSweepRate },
+		doc: "Redis guard keys each instance reads a second, walking the done keys (SCAN) for payments a database failover lost: " +
+			"an order whose key says done while the database has it INIT or missing (`paysvc_lost_payments`, a log line per order). " +
+			"A walk starts at most every `metrics.queueInterval`; N keys in Redis take N/rate seconds, and each done key costs a " +
+			"primary-key read of its order. 0: off"},
 
 	{name: "trace.otlpEndpoint", def: "", secret: true, norm: func(s string) string { return strings.TrimSuffix(s, "/") },
 		check: httpURL("want an http:// or https:// URL of an OTLP/HTTP collector, no query (e.g. http://otel-collector:4318)", true),

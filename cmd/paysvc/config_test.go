@@ -317,6 +317,7 @@ func envSamples(t *testing.T) map[string]struct {
 		"reconcile.interval":           {"1h", time.Hour, nil},
 		"reconcile.window":             {"48h", 48 * time.Hour, nil},
 		"reconcile.fix":                {"true", true, nil},
+		"reconcile.lostSweepRate":      {"500", 500, nil},
 		"trace.otlpEndpoint":           {"http://otel:4318/", "http://otel:4318", nil},
 	}
 }

@@ -173,6 +173,13 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	if cfg.Reconcile.Interval > 0 {
 		wg.Go(func() { scheduledReconcile(helpers, cfg, db, m, log) })
 	}
+	if cfg.Reconcile.LostSweepRate > 0 {
+		// Payments a database failover lost leave no row to find: their
+		// done keys in Redis are walked for orders the database has INIT.
+		sweeper := &reconcile.Sweeper{DB: db, Keys: guard, Rate: cfg.Reconcile.LostSweepRate, Every: cfg.Metrics.QueueInterval,
+			Report: func(n int) { m.LostPayments.Set(float64(n)) }, Log: log}
+		wg.Go(func() { sweeper.Run(helpers) })
+	}
 
 	if health != nil {
 		pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: name + " admin", Timeout: publishTimeout, TLS: amqpTLS}

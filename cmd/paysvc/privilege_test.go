@@ -64,7 +64,7 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	env := w.env("PAYSVC_MYSQL_DSN="+app.FormatDSN(), "PAYSVC_AMQP_URL="+amqpURL,
-		"PAYSVC_REDIS_USERNAME="+redisUser, "PAYSVC_REDIS_PASSWORD="+pw)
+		"PAYSVC_REDIS_USERNAME="+redisUser, "PAYSVC_REDIS_PASSWORD="+pw, "PAYSVC_METRICS_QUEUEINTERVAL=1s")
 	go func() { done <- run(ctx, []string{"run"}, env, &logs) }()
 	defer func() {
 		cancel()
@@ -96,6 +96,13 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		return w.count("SELECT COUNT(*) FROM t_order WHERE order_no IN ('LP2', 'LP3') AND status = 'PAID'") == 2 &&
 			strings.Contains(logs.String(), `"order_no":"LP1","idem_key":"`+w.prefix+`LP1","result":"DUPLICATE"`)
 	}, "the least-privileged daemon did not answer the duplicate and pay past the foreign keys")
+	// A payment the database lost (a done key, the order INIT): the
+	// daemon's walk of the keys (SCAN) finds it as the ACL user.
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('LP4', 71, 2.00)")
+	w.rdb.Set(context.Background(), w.prefix+"LP4", "done", time.Hour)
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return strings.Contains(logs.String(), `"order_no":"LP4","user_id":71,"amount":"2.00","order_status":"INIT"`)
+	}, "the least-privileged daemon did not find the lost payment")
 	if n := w.count("SELECT COUNT(*) FROM t_account_flow WHERE biz_no = 'LP1'"); n != 1 {
 		t.Fatalf("LP1 has %d flows, want 1", n)
 	}

@@ -86,6 +86,7 @@ func TestAlertRules(t *testing.T) {
 		"PaysvcDegraded":                 "paysvc_degraded) > 0",
 		"PaysvcNotReady":                 "paysvc_ready) == 0",
 		"PaysvcRetryCopiesOverdue":       "max(paysvc_retry_copies_overdue) > 0 for 5m critical",
+		"PaysvcPaymentsLost":             "max(paysvc_lost_payments) > 0 for  critical",
 	} {
 		if !strings.Contains(exprs[alert], want) {
 			t.Errorf("%s: %q, want it to contain %q", alert, exprs[alert], want)

@@ -43,6 +43,7 @@ type Metrics struct {
 	OutboxOldestAge    prometheus.Gauge
 	ReconcileProblems  prometheus.Gauge
 	ReconcileLastRun   prometheus.Gauge
+	LostPayments       prometheus.Gauge
 	AlertFailures      prometheus.Counter
 	Held               *prometheus.GaugeVec // dependency: redis, mysql, other, broker (a copy the broker blocks or refuses)
 	DeadLettersClass   *prometheus.GaugeVec // class
@@ -149,6 +150,9 @@ func New() *Metrics {
 			Name: "paysvc_reconcile_problems", Help: "Orders and accounts the last scheduled reconciliation found problems with (an order once, however many checks it fails)."}),
 		ReconcileLastRun: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_reconcile_last_run_timestamp_seconds", Help: "When the last scheduled reconciliation finished (Unix time; 0: none yet)."}),
+		LostPayments: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_lost_payments",
+			Help: "Payments paysvc applied that the database does not have (their Redis guard key says done, the order is INIT or missing: a failover or restore lost the commit), found by the last walk of the keys (reconcile.lostSweepRate), or so far in the walk under way when more."}),
 		Held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "paysvc_held_messages", Help: "Messages workers hold while consumption is paused, by the dependency that is down (0: not paused on it); broker: messages whose retry or terminal copy the broker blocks (resource alarm) or refuses (nack), held until it takes it."},
 			[]string{"dependency"}),
@@ -168,7 +172,7 @@ func New() *Metrics {
 	m.own = []prometheus.Collector{m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.HeldLocked, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
 		m.Pauses, m.Failovers, m.Paused, m.PauseReason, m.RequeuedAlone, m.RetryCopiesMoved, m.RetryCopiesHeld, m.RetryCopiesOverdue, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.OutboxOldestAge, m.ReconcileProblems,
-		m.ReconcileLastRun, m.AlertFailures, m.Held, m.DeadLettersClass, m.BrokerBlocked, m.BuildInfo}
+		m.ReconcileLastRun, m.LostPayments, m.AlertFailures, m.Held, m.DeadLettersClass, m.BrokerBlocked, m.BuildInfo}
 	r.MustRegister(m.own...)
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every known series from the start, at 0: an alert on increase() sees

@@ -31,7 +31,7 @@ const maxLogged = 10000
 func (s *Sweeper) Run(ctx context.Context) {
 	logged := map[string]bool{}
 	last := 0
-	for ctx.Err() == nil {
+	for {
 		start := time.Now()
 		n, now := 0, map[string]bool{}
 		err := FindLost(ctx, s.DB, s.Keys, s.Rate, func(l Lost) error {
@@ -73,12 +73,20 @@ func (s *Sweeper) Run(ctx context.Context) {
 					zap.Int("lost", n), zap.Duration("walk", time.Since(start)))
 			}
 		}
-		t := time.NewTimer(max(s.Every-time.Since(start), 0))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, s.Every-time.Since(start)) {
 			return
-		case <-t.C:
 		}
+	}
+}
+
+// sleep waits d, or until ctx ends (false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(max(d, 0))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
