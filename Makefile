@@ -93,8 +93,9 @@ chaos: services
 # The cluster suite: a 3-node RabbitMQ cluster, Redis with a replica and
 # three Sentinels, a MariaDB of its own and a 3-node Galera cluster behind
 # HAProxy, on loopback ports of their own (the shared servers are left
-# alone), 3 paysvc instances given every node, node and master failures.
-# About 5 minutes here; needs root.
+# alone), 3 paysvc instances given every node, node and master failures,
+# a failover to an asynchronous MariaDB replica that lost acked payments.
+# About 6 minutes here; needs root.
 chaos-cluster: services
 	scripts/ensure-galera.sh
 	$(GO) build -tags faultinject -o bin/paysvc-faultinject ./cmd/paysvc

@@ -142,7 +142,9 @@ func suite() int {
 			c.sentinelAddrs(), c.mysqlPort)
 		var gs galeraSuite // started by the first Galera scenario
 		defer gs.close()
-		suite = append(append([]scenario{}, clusterScenarios...), galeraSuiteScenarios()...)
+		var pairs failoverPairs // a primary and its replica per failover scenario
+		defer pairs.close()
+		suite = append(append(append([]scenario{}, clusterScenarios...), galeraSuiteScenarios()...), failoverScenarios...)
 		worldFor = func(ctx context.Context, name string, delays []time.Duration) (*world, error) {
 			if err := c.heal(ctx); err != nil {
 				return nil, err
@@ -153,6 +155,13 @@ func suite() int {
 					return nil, fmt.Errorf("galera: %w", err)
 				}
 				return newGaleraWorld(ctx, name, c, g, s, *binary, *logDir)
+			}
+			if isFailoverScenario(name) {
+				p, err := pairs.start(ctx, c)
+				if err != nil {
+					return nil, fmt.Errorf("failover: %w", err)
+				}
+				return newFailoverWorld(ctx, name, delays, c, p, *binary, *logDir)
 			}
 			return newClusterWorld(ctx, name, delays, c, *binary, *logDir)
 		}
@@ -233,6 +242,7 @@ func runScenario(ctx context.Context, s scenario, idx int, worldFor func(context
 	if s.shape != nil {
 		s.shape(wl)
 	}
+	w.workload = wl
 	r.msgs, r.dups = len(wl.messages), wl.dups
 	if r.err = w.seed(ctx, wl); r.err != nil {
 		return r

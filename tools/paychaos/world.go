@@ -82,6 +82,8 @@ type world struct {
 	// extraEnv, if set, is instance i's environment beyond env's (later
 	// entries win): a Galera scenario's MySQL address.
 	extraEnv func(i int) []string
+	pair     *mariaPair // a failover scenario's primary, replica and proxy (failover.go)
+	workload *workload  // what the suite publishes; a scenario that publishes more adds to it
 }
 
 // note records a measurement for the report.
