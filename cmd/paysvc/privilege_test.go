@@ -64,7 +64,8 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	env := w.env("PAYSVC_MYSQL_DSN="+app.FormatDSN(), "PAYSVC_AMQP_URL="+amqpURL,
-		"PAYSVC_REDIS_USERNAME="+redisUser, "PAYSVC_REDIS_PASSWORD="+pw, "PAYSVC_METRICS_QUEUEINTERVAL=1s")
+		"PAYSVC_REDIS_USERNAME="+redisUser, "PAYSVC_REDIS_PASSWORD="+pw, "PAYSVC_METRICS_QUEUEINTERVAL=1s",
+		"PAYSVC_RECONCILE_LOSTSWEEPRATE=1000000") // walks of the shared Redis's keys that end within the test's deadline
 	go func() { done <- run(ctx, []string{"run"}, env, &logs) }()
 	defer func() {
 		cancel()
