@@ -1,10 +1,13 @@
 package listener
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/paysvc/paysvc/internal/order"
 )
 
 // Result is the fate of one delivery. Its String is what the log line
@@ -119,7 +122,11 @@ func route(out outcome, h amqp.Table, p RetryPolicy, letGo bool) action {
 	// Retryable or Terminal.
 	queue, n := p.next(kind, count)
 	inflight := headerCount(h, HeaderInFlightCount)
-	if out.class == ClassInFlight {
+	// Waiting out another holder spends no attempt: a lease another worker
+	// holds, or an account row another payment of the user found locked
+	// and still waits on alone (answered at once: spending an attempt each
+	// time would burn the budget faster than the lock waits it stands for).
+	if out.class == ClassInFlight || errors.Is(err, order.ErrAccountLocked) {
 		if q, ok := p.inFlight(inflight, out.wait); ok {
 			queue, n, inflight = q, count, inflight+1
 		}

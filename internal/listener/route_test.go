@@ -2,12 +2,15 @@ package listener
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/paysvc/paysvc/internal/order"
 
 	"github.com/paysvc/paysvc/internal/metrics"
 )
@@ -24,6 +27,8 @@ func TestRoute(t *testing.T) {
 	}
 	inFlight := out(Retryable, ClassInFlight)
 	inFlight.wait = 1500 * time.Millisecond
+	heldLocked := out(Retryable, ClassLockWait)
+	heldLocked.err = fmt.Errorf("user 7: %w: %w", order.ErrAccountLocked, fail)
 	h := func(kv ...any) amqp.Table {
 		t := amqp.Table{}
 		for i := 0; i < len(kv); i += 2 {
@@ -57,6 +62,10 @@ func TestRoute(t *testing.T) {
 			action{result: ResultTerminal, copy: &copySpec{exchange: DLXExchange, queue: TerminalQueue, class: ClassBadMessage}}, "", ""},
 		{"in flight: waits out the lease, no attempt spent", inFlight, h(HeaderRetryCount, int32(1), HeaderInFlightCount, int32(4)), false,
 			action{result: ResultRetry, attempt: 1, copy: &copySpec{exchange: DLXExchange, queue: "q.pay.dlx.wait.2s", count: 1, class: ClassInFlight, inflight: 5}}, "", ""},
+		{"account row found locked: waits it out, no attempt spent", heldLocked, h(HeaderRetryCount, int32(1), HeaderInFlightCount, int32(2)), false,
+			action{result: ResultRetry, attempt: 1, copy: &copySpec{exchange: DLXExchange, queue: "q.pay.dlx.wait.1s", count: 1, class: ClassLockWait, inflight: 3}}, "", ""},
+		{"lock wait timeout itself: spends an attempt", out(Retryable, ClassLockWait), h(HeaderRetryCount, int32(1)), false,
+			action{result: ResultRetry, attempt: 2, copy: &copySpec{exchange: DLXExchange, queue: "q.pay.dlx.wait.2s", count: 2, class: ClassLockWait}}, "", ""},
 		{"in flight past its budget: spends an attempt", inFlight, h(HeaderRetryCount, int32(1), HeaderInFlightCount, int32(maxInFlightRetries)), false,
 			action{result: ResultRetry, attempt: 2, copy: &copySpec{exchange: DLXExchange, queue: "q.pay.dlx.wait.2s", count: 2, class: ClassInFlight, inflight: maxInFlightRetries}}, "", ""},
 		{"unavailable, dependencies up: requeued alone", out(Unavailable, ClassTimeout), h(HeaderRetryCount, int32(1)), false,
