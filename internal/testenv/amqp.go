@@ -209,21 +209,7 @@ func Unacked(t testing.TB, amqpURL string) map[string]int {
 // acknowledged (rabbitmqctl list_queues messages_unacknowledged).
 func Held(t testing.TB, amqpURL, queue string) int {
 	t.Helper()
-	u, err := url.Parse(amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := sandbox.RabbitmqCtlOutput("list_queues", "-p", strings.TrimPrefix(u.Path, "/"), "name", "messages_unacknowledged")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == queue {
-			n, _ := strconv.Atoi(f[1])
-			return n
-		}
-	}
-	return 0
+	return listQueue(t, amqpURL, queue, "messages_unacknowledged")
 }
 
 // Total returns every message queue holds (rabbitmqctl list_queues
@@ -232,11 +218,17 @@ func Held(t testing.TB, amqpURL, queue string) int {
 // does not count.
 func Total(t testing.TB, amqpURL, queue string) int {
 	t.Helper()
+	return listQueue(t, amqpURL, queue, "messages")
+}
+
+// listQueue reads one numeric column of queue from rabbitmqctl list_queues.
+func listQueue(t testing.TB, amqpURL, queue, column string) int {
+	t.Helper()
 	u, err := url.Parse(amqpURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := sandbox.RabbitmqCtlOutput("list_queues", "-p", strings.TrimPrefix(u.Path, "/"), "name", "messages")
+	out, err := sandbox.RabbitmqCtlOutput("list_queues", "-p", strings.TrimPrefix(u.Path, "/"), "name", column)
 	if err != nil {
 		t.Fatal(err)
 	}
