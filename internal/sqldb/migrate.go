@@ -28,20 +28,43 @@ type Migration struct {
 var goMigrations = []Migration{
 	{Version: 3, Name: "0003_flow_unique_index", Run: flowUniqueIndex},
 	{Version: 5, Name: "0005_trace", Run: traceColumns},
+	{Version: 10, Name: "0010_prune_indexes", Run: pruneIndexes},
 }
 
 // traceColumns adds the W3C trace context: the trace id of a parked payment
 // (to find its spans and log lines) and the traceparent a payment's notice
-// is published with. Each change is made only if it is missing: a migration
-// is recorded after its last change, and one cut half way (a pod evicted,
-// a lost connection) must complete on the next run instead of failing on
-// the column it added (MySQL 8 has no ADD COLUMN IF NOT EXISTS).
+// is published with, each only if it is missing (addMissing).
 func traceColumns(ctx context.Context, conn *sqlx.Conn) error {
-	for _, c := range []struct{ table, kind, name, ddl string }{
+	return addMissing(ctx, conn, []schemaChange{
 		{"t_dead_letter", "column", "trace_id", "ALTER TABLE t_dead_letter ADD COLUMN trace_id VARCHAR(32) NOT NULL DEFAULT ''"},
 		{"t_dead_letter", "index", "idx_trace_id", "ALTER TABLE t_dead_letter ADD KEY idx_trace_id (trace_id)"},
 		{"t_outbox", "column", "traceparent", "ALTER TABLE t_outbox ADD COLUMN traceparent VARCHAR(55) NOT NULL DEFAULT ''"},
-	} {
+	})
+}
+
+// pruneIndexes adds the indexes `paysvc prune` finds its rows by in the
+// two tables whose rows go by a time that is not their insertion order: a
+// dead letter resolved (REPLAYED or DISCARDED) before its window, by its
+// status and update_time, and a sign-in expired before its window. Both
+// tables take few writes (a dead letter, a sign-in), none on a payment's
+// path; t_outbox and t_payment_event are walked by their primary key and
+// get no index (a notice's insert and mark stay as they are).
+func pruneIndexes(ctx context.Context, conn *sqlx.Conn) error {
+	return addMissing(ctx, conn, []schemaChange{
+		{"t_dead_letter", "index", "idx_status_update_time", "ALTER TABLE t_dead_letter ADD KEY idx_status_update_time (status, update_time)"},
+		{"t_admin_session", "index", "idx_expires_at", "ALTER TABLE t_admin_session ADD KEY idx_expires_at (expires_at)"},
+	})
+}
+
+// schemaChange is a column or index a Go migration adds, with its DDL.
+type schemaChange struct{ table, kind, name, ddl string }
+
+// addMissing makes each change only if it is missing: a migration is
+// recorded after its last change, and one cut half way (a pod evicted, a
+// lost connection) must complete on the next run instead of failing on the
+// column or index it added (MySQL 8 has no ADD COLUMN IF NOT EXISTS).
+func addMissing(ctx context.Context, conn *sqlx.Conn, changes []schemaChange) error {
+	for _, c := range changes {
 		q := `SELECT COUNT(*) FROM information_schema.columns
 			WHERE table_schema = DATABASE() AND table_name = ? AND column_name = ?`
 		if c.kind == "index" {
