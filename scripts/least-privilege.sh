@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Least privilege for paysvc: a MySQL user for the daemon that can never
 # delete a row (and never update a flow), a separate migration user, a
-# RabbitMQ user limited to the q.pay.* / ex.pay.* names, and a Redis ACL user
-# limited to the idempotency key prefix.
+# pruning user (paysvc prune) that may delete only from the tables it
+# prunes and cannot read or write a money row, a RabbitMQ user limited to
+# the q.pay.* / ex.pay.* names, and a Redis ACL user limited to the
+# idempotency key prefix.
 #
 #   scripts/least-privilege.sh mysql|rabbitmq|redis|all
 #
 # Passwords come from the environment and are passed on standard input, never
 # as arguments (which other users can read in the process list):
 #   APP_PASSWORD, MIGRATE_PASSWORD (mysql), RABBITMQ_PASSWORD, REDIS_PASSWORD
+#   PRUNE_PASSWORD (mysql, optional: without it no pruning user is made)
 # Names, with their defaults:
 #   MYSQL_DATABASE=paysvc APP_USER=paysvc APP_HOST=% MIGRATE_USER=paysvc_migrate
+#   PRUNE_USER=paysvc_prune
 #   RABBITMQ_VHOST=/ RABBITMQ_USER=paysvc
 #   REDIS_USER=paysvc REDIS_KEY_PREFIX=mq:consumed:pay_success:
 # Admin access: MYSQL="mariadb -uroot" REDIS_CLI="redis-cli"; rabbitmqctl as root.
@@ -25,6 +29,7 @@ DB=${MYSQL_DATABASE:-${PAYSVC_DB:-paysvc}}
 APP_USER=${APP_USER:-paysvc}
 APP_HOST=${APP_HOST:-%}
 MIGRATE_USER=${MIGRATE_USER:-paysvc_migrate}
+PRUNE_USER=${PRUNE_USER:-paysvc_prune}
 VHOST=${RABBITMQ_VHOST:-/}
 RMQ_USER=${RABBITMQ_USER:-paysvc}
 REDIS_USER=${REDIS_USER:-paysvc}
@@ -38,7 +43,7 @@ sql_quote() { printf "'%s'" "$(printf '%s' "$1" | sed "s/\\\\/\\\\\\\\/g; s/'/''
 mysql_part() {
 	need APP_PASSWORD
 	need MIGRATE_PASSWORD
-	local app mig
+	local app mig prn=""
 	app="$(sql_quote "$APP_USER")@$(sql_quote "$APP_HOST")"
 	mig="$(sql_quote "$MIGRATE_USER")@$(sql_quote "$APP_HOST")"
 	$MYSQL <<SQL
@@ -49,6 +54,13 @@ CREATE USER IF NOT EXISTS $mig IDENTIFIED BY $(sql_quote "$MIGRATE_PASSWORD");
 ALTER USER $mig IDENTIFIED BY $(sql_quote "$MIGRATE_PASSWORD");
 GRANT ALL PRIVILEGES ON \`$DB\`.* TO $mig;
 SQL
+	if [ -n "${PRUNE_PASSWORD:-}" ]; then
+		prn="$(sql_quote "$PRUNE_USER")@$(sql_quote "$APP_HOST")"
+		$MYSQL <<SQL
+CREATE USER IF NOT EXISTS $prn IDENTIFIED BY $(sql_quote "$PRUNE_PASSWORD");
+ALTER USER $prn IDENTIFIED BY $(sql_quote "$PRUNE_PASSWORD");
+SQL
+	fi
 	# The daemon: no DELETE anywhere; flows and events are insert-only. A
 	# table grant needs the table: on a database not migrated yet the
 	# tables missing are named, and a run after the migration grants them.
@@ -66,6 +78,18 @@ SQL
 		"t_write_probe:SELECT, INSERT, UPDATE"
 		"t_lease:SELECT, INSERT, UPDATE"
 	)
+	# paysvc prune: reads and deletes the rows past their windows (a dead
+	# letter with its history), takes its lease, reads the schema's
+	# versions; no grant on t_order, t_account or t_account_flow.
+	local prune_grants=(
+		"t_outbox:SELECT, DELETE"
+		"t_payment_event:SELECT, DELETE"
+		"t_admin_session:SELECT, DELETE"
+		"t_dead_letter:SELECT, DELETE"
+		"t_dead_letter_event:SELECT, DELETE"
+		"t_lease:SELECT, INSERT, UPDATE"
+		"paysvc_schema_migrations:SELECT"
+	)
 	local tables sql="" missing=() g
 	tables=$($MYSQL -N -B -e "SELECT table_name FROM information_schema.tables WHERE table_schema = $(sql_quote "$DB")")
 	for g in "${grants[@]}"; do
@@ -75,8 +99,20 @@ SQL
 			missing+=("${g%%:*}")
 		fi
 	done
+	if [ -n "$prn" ]; then
+		for g in "${prune_grants[@]}"; do
+			if grep -qx "${g%%:*}" <<<"$tables"; then
+				sql+="GRANT ${g#*:} ON \`$DB\`.${g%%:*} TO $prn;"$'\n'
+			fi
+		done
+	fi
 	[ -z "$sql" ] || $MYSQL <<<"$sql"
 	echo "mysql: $APP_USER (daemon, no DELETE) and $MIGRATE_USER (migrations) on $DB"
+	if [ -n "$prn" ]; then
+		echo "mysql: $PRUNE_USER (paysvc prune: SELECT, DELETE on t_outbox, t_payment_event, t_admin_session, t_dead_letter, t_dead_letter_event; no money table)"
+	else
+		echo "mysql: PRUNE_PASSWORD not set: no $PRUNE_USER user for paysvc prune"
+	fi
 	if [ ${#missing[@]} -gt 0 ]; then
 		echo "mysql: not migrated yet, no grant on ${missing[*]}: run this again after \`paysvc migrate\` (until then the daemon waits for MySQL)"
 	fi

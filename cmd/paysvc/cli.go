@@ -61,7 +61,7 @@ func noFlags(fn runFunc) func(*flag.FlagSet) runFunc {
 
 // commands is the command table, in the order of the usage; each group's
 // entries live in its own file (cmd_*.go).
-var commands = slices.Concat(migrateCommands, runCommands, dlqCommands, reconcileCommands, traceCommands, hostCommands)
+var commands = slices.Concat(migrateCommands, runCommands, dlqCommands, reconcileCommands, pruneCommands, traceCommands, hostCommands)
 
 // cmdLine is one parsed command line, and what the command runs with.
 type cmdLine struct {

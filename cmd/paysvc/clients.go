@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -16,15 +17,20 @@ import (
 // The client builders: what the configuration becomes for each client.
 
 // mysqlDSN is mysql.dsn, made to trust mysql.caFile when one is set.
-func (c *Config) mysqlDSN() (string, error) {
+func (c *Config) mysqlDSN() (string, error) { return c.withCA(c.MySQL.DSN) }
+
+// pruneDSN is prune.dsn, else mysql.dsn, with mysql.caFile applied.
+func (c *Config) pruneDSN() (string, error) { return c.withCA(cmp.Or(c.Prune.DSN, c.MySQL.DSN)) }
+
+func (c *Config) withCA(dsn string) (string, error) {
 	if c.MySQL.CAFile == "" {
-		return c.MySQL.DSN, nil
+		return dsn, nil
 	}
 	t, err := tlsca.Config(c.MySQL.CAFile)
 	if err != nil {
 		return "", fmt.Errorf("mysql.caFile: %w", err)
 	}
-	return sqldb.WithCA(c.MySQL.DSN, c.MySQL.CAFile, t)
+	return sqldb.WithCA(dsn, c.MySQL.CAFile, t)
 }
 
 // amqpTLS trusts amqp.caFile (nil: the system roots, for amqps:// URLs).

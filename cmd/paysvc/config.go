@@ -84,6 +84,16 @@ type Config struct {
 		LostSweepRate int
 	}
 	Trace struct{ OTLPEndpoint string }
+	Prune struct {
+		OutboxAfter      time.Duration
+		EventsAfter      time.Duration
+		SessionsAfter    time.Duration
+		DeadLettersAfter time.Duration
+		Batch            int
+		Pause            time.Duration
+		Interval         time.Duration
+		DSN              string
+	}
 }
 
 // loadConfig reads path (required only if mustExist), applies the
@@ -382,6 +392,9 @@ func redactURLs(s string) string {
 
 // redactDSN is mysql.dsn with its password as xxxxx.
 func redactDSN(s string) string {
+	if s == "" {
+		return ""
+	}
 	cfg, err := mysql.ParseDSN(s)
 	if err != nil {
 		return "(invalid)"

@@ -319,6 +319,14 @@ func envSamples(t *testing.T) map[string]struct {
 		"reconcile.fix":                {"true", true, nil},
 		"reconcile.lostSweepRate":      {"500", 500, nil},
 		"trace.otlpEndpoint":           {"http://otel:4318/", "http://otel:4318", nil},
+		"prune.outboxAfter":            {"720h", 720 * time.Hour, nil},
+		"prune.eventsAfter":            {"0s", time.Duration(0), nil},
+		"prune.sessionsAfter":          {"24h", 24 * time.Hour, nil},
+		"prune.deadLettersAfter":       {"8760h", 8760 * time.Hour, nil},
+		"prune.batch":                  {"500", 500, nil},
+		"prune.pause":                  {"0s", time.Duration(0), nil},
+		"prune.interval":               {"1h", time.Hour, nil},
+		"prune.dsn":                    {"pr:pw@tcp(db:3306)/paysvc", "pr:pw@tcp(db:3306)/paysvc", nil},
 	}
 }
 
@@ -373,6 +381,7 @@ func TestConfigSecretsRedacted(t *testing.T) {
 		"trace.otlpEndpoint":     "http://" + sentinel + "@otel:4318",
 		"amqp.url":               "amqp://u:" + sentinel + "@rabbit1:5672/pay,amqps://v:" + sentinel + "@rabbit2:5671/pay",
 		"mysql.dsn":              "paysvc:" + sentinel + "@tcp(db:3306)/pay",
+		"prune.dsn":              "paysvc_prune:" + sentinel + "@tcp(db:3306)/pay",
 	}
 	for _, k := range keys {
 		_, listed := secrets[k.name]

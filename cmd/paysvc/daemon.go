@@ -30,7 +30,7 @@ import (
 )
 
 // daemon wires config → MySQL → Redis → consumer, parker, outbox dispatcher,
-// alerter, monitor, scheduled reconciliation → admin HTTP, and runs until ctx
+// alerter, monitor, scheduled reconciliation and pruning → admin HTTP, and runs until ctx
 // ends. The consumer decides the exit: its drain comes first.
 func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	log.Info("goroutines run on gomaxprocs CPUs (1 unless the GOMAXPROCS environment variable is set)",
@@ -172,6 +172,9 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	wg.Go(func() { monitor.Run(helpers) })
 	if cfg.Reconcile.Interval > 0 {
 		wg.Go(func() { scheduledReconcile(helpers, cfg, db, m, log) })
+	}
+	if cfg.Prune.Interval > 0 {
+		wg.Go(func() { scheduledPrune(helpers, cfg, m, log) })
 	}
 	if cfg.Reconcile.LostSweepRate > 0 {
 		// Payments a database failover lost leave no row to find: their

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -275,4 +277,64 @@ func TestLeastPrivilegeUpgradeMovesTheVersionsTable(t *testing.T) {
 	script()
 	testenv.Eventually(t, 30*time.Second, func() bool { return testenv.QueueExists(t, w.amqpURL, listener.MainQueue) },
 		"the daemon did not start once granted")
+}
+
+// The pruning user scripts/least-privilege.sh makes (PRUNE_PASSWORD):
+// paysvc prune runs as it, its DSN from PAYSVC_MYSQL_DSN_FILE as the
+// CronJob gives it, and deletes what is past its windows; it cannot read,
+// change or delete a money row, nor change what it prunes.
+func TestLeastPrivilegePruneUser(t *testing.T) {
+	t.Parallel()
+	dsn, db := testenv.MySQL(t)
+	id := testenv.Name(t)[len(testenv.Name(t))-8:]
+	appUser, migUser, pruneUser := "ppa_"+id, "ppm_"+id, "ppp_"+id
+	const pw = "Pw-prune-0f'\"$x"
+	cfg, _ := mysql.ParseDSN(dsn)
+	t.Cleanup(func() {
+		db.Exec("DROP USER IF EXISTS '" + appUser + "'@'%', '" + migUser + "'@'%', '" + pruneUser + "'@'%'")
+	})
+	cmd := exec.Command("scripts/least-privilege.sh", "mysql")
+	cmd.Dir = "../.."
+	cmd.Env = append(os.Environ(), "MYSQL_DATABASE="+cfg.DBName, "APP_USER="+appUser, "MIGRATE_USER="+migUser,
+		"PRUNE_USER="+pruneUser, "APP_PASSWORD="+pw, "MIGRATE_PASSWORD="+pw, "PRUNE_PASSWORD="+pw)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("least-privilege.sh mysql: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), pw) || !strings.Contains(string(out), pruneUser+" (paysvc prune") {
+		t.Fatalf("least-privilege.sh mysql: a password printed, or no word of the pruning user:\n%s", out)
+	}
+	seedPrunable(t, db)
+
+	prn := *cfg
+	prn.User, prn.Passwd = pruneUser, pw
+	file := filepath.Join(t.TempDir(), "dsn")
+	if err := os.WriteFile(file, []byte(prn.FormatDSN()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	if err := run(context.Background(), []string{"prune"}, []string{"PAYSVC_MYSQL_DSN_FILE=" + file}, &logs); err != nil {
+		t.Fatalf("prune as %s: %v\n%s", pruneUser, err, logs.String())
+	}
+	if got := prunableCounts(t, db); !equalInts(got, prunedCounts) {
+		t.Fatalf("after prune as %s: %v, want %v", pruneUser, got, prunedCounts)
+	}
+	if strings.Contains(logs.String(), pw) {
+		t.Fatal("a password reached the log")
+	}
+
+	pruneDB, err := sqldb.Open(context.Background(), prn.FormatDSN(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pruneDB.Close()
+	for _, q := range []string{"SELECT COUNT(*) FROM t_order", "SELECT COUNT(*) FROM t_account", "SELECT COUNT(*) FROM t_account_flow",
+		"DELETE FROM t_order", "DELETE FROM t_account", "DELETE FROM t_account_flow", "UPDATE t_account SET balance = 0",
+		"UPDATE t_outbox SET status = 'SENT'", "UPDATE t_dead_letter SET status = 'DISCARDED'",
+		"INSERT INTO t_outbox (event_type, biz_no, payload) VALUES ('x', 'x', 'x')", "DROP TABLE t_outbox",
+		"DELETE FROM t_account_opening", "DELETE FROM t_lease"} {
+		if _, err := pruneDB.Exec(q); err == nil || !strings.Contains(err.Error(), "denied") {
+			t.Errorf("as %s, %q: %v; want denied", pruneUser, q, err)
+		}
+	}
 }

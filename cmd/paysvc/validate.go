@@ -178,6 +178,27 @@ var offOrAtLeastSecond = checkOf(func(d time.Duration, bad badFunc) {
 	}
 })
 
+// offOrAtLeast wants 0 (off) or at least lo.
+func offOrAtLeast(lo time.Duration) func(any, badFunc) {
+	return checkOf(func(d time.Duration, bad badFunc) {
+		if d < 0 || (d > 0 && d < lo) {
+			bad("want 0 (off) or at least %s, got %s", shortDuration(lo), d)
+		}
+	})
+}
+
+var atLeast0Duration = checkOf(func(d time.Duration, bad badFunc) {
+	if d < 0 {
+		bad("want 0 or more, got %s", d)
+	}
+})
+
+var checkDSNOrEmpty = checkOf(func(dsn string, bad badFunc) {
+	if dsn != "" {
+		checkDSN(dsn, bad)
+	}
+})
+
 var nonEmpty = checkOf(func(s string, bad badFunc) {
 	if s == "" {
 		bad("must not be empty")

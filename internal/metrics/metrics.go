@@ -44,6 +44,8 @@ type Metrics struct {
 	ReconcileProblems  prometheus.Gauge
 	ReconcileLastRun   prometheus.Gauge
 	LostPayments       prometheus.Gauge
+	PrunedRows         *prometheus.CounterVec // table
+	PruneLastRun       prometheus.Gauge
 	AlertFailures      prometheus.Counter
 	Held               *prometheus.GaugeVec // dependency: redis, mysql, other, broker (a copy the broker blocks or refuses)
 	DeadLettersClass   *prometheus.GaugeVec // class
@@ -150,6 +152,11 @@ func New() *Metrics {
 			Name: "paysvc_reconcile_problems", Help: "Orders and accounts the last scheduled reconciliation found problems with (an order once, however many checks it fails)."}),
 		ReconcileLastRun: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_reconcile_last_run_timestamp_seconds", Help: "When the last scheduled reconciliation finished (Unix time; 0: none yet)."}),
+		PrunedRows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paysvc_pruned_rows_total",
+			Help: "Rows the daemon's scheduled prune (prune.interval) deleted, by table: t_outbox, t_payment_event, t_admin_session, t_dead_letter."}, []string{"table"}),
+		PruneLastRun: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paysvc_prune_last_run_timestamp_seconds", Help: "When this instance's last scheduled prune finished without error (Unix time; 0: none yet)."}),
 		LostPayments: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paysvc_lost_payments",
 			Help: "Payments paysvc applied that the database does not have (their Redis guard key says done, the order is INIT or missing: a failover or restore lost the commit), found by the last walk of the keys (reconcile.lostSweepRate), or so far in the walk under way when more."}),
@@ -172,7 +179,7 @@ func New() *Metrics {
 	m.own = []prometheus.Collector{m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.HeldLocked, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
 		m.Pauses, m.Failovers, m.Paused, m.PauseReason, m.RequeuedAlone, m.RetryCopiesMoved, m.RetryCopiesHeld, m.RetryCopiesOverdue, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.OutboxOldestAge, m.ReconcileProblems,
-		m.ReconcileLastRun, m.LostPayments, m.AlertFailures, m.Held, m.DeadLettersClass, m.BrokerBlocked, m.BuildInfo}
+		m.ReconcileLastRun, m.LostPayments, m.PrunedRows, m.PruneLastRun, m.AlertFailures, m.Held, m.DeadLettersClass, m.BrokerBlocked, m.BuildInfo}
 	r.MustRegister(m.own...)
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every known series from the start, at 0: an alert on increase() sees
@@ -191,6 +198,9 @@ func New() *Metrics {
 	}
 	for _, c := range []string{"consumer", "outbox"} {
 		m.BrokerBlocked.WithLabelValues(c)
+	}
+	for _, table := range []string{"t_outbox", "t_payment_event", "t_admin_session", "t_dead_letter"} {
+		m.PrunedRows.WithLabelValues(table)
 	}
 	// The ages the monitor samples (listener.MainQueue, TerminalQueue; the
 	// wait queues', named by the configured delays, on its first sample).
