@@ -6,6 +6,7 @@
 //	paysvc [--config FILE] run       run the consumer daemon
 //	paysvc dlq list|show|replay|discard ...   inspect and replay terminal messages
 //	paysvc reconcile [--fix]         check money rows, find lost payments; repair both
+//	paysvc prune [--dry-run]         delete rows past their retention windows
 //	paysvc trace ORDER_NO            what happened to one order
 //	paysvc healthcheck               ask this host's paysvc for /healthz
 //	paysvc version                   print the version

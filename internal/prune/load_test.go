@@ -154,7 +154,15 @@ func TestPaymentsFlowWhilePruning(t *testing.T) {
 
 	pruning.Store(true)
 	runStart := time.Now()
-	res, err := prune.Run(ctx, pruneDB, prune.Options{OutboxAfter: 90 * 24 * time.Hour, Batch: prune.DefaultBatch})
+	// No pause between batches unless PAYSVC_TEST_PRUNE_PAUSE says one:
+	// the run at its fastest, the payments' worst case.
+	var pause time.Duration
+	if s := os.Getenv("PAYSVC_TEST_PRUNE_PAUSE"); s != "" {
+		if pause, err = time.ParseDuration(s); err != nil {
+			t.Fatalf("PAYSVC_TEST_PRUNE_PAUSE: %v", err)
+		}
+	}
+	res, err := prune.Run(ctx, pruneDB, prune.Options{OutboxAfter: 90 * 24 * time.Hour, Batch: prune.DefaultBatch, Pause: pause})
 	elapsed := time.Since(runStart)
 	pruning.Store(false)
 	stopWorkers()
@@ -182,7 +190,7 @@ func TestPaymentsFlowWhilePruning(t *testing.T) {
 		t.Fatalf("only %d payments completed during the run (%s): too few to judge", len(during), elapsed)
 	}
 	pb, pd := stats(before), stats(during)
-	t.Logf("pruned %d rows in %s: %.0f rows/s; payments before: %s; during: %s", deleted, elapsed.Round(time.Millisecond),
+	t.Logf("pruned %d rows (pause %s) in %s: %.0f rows/s; payments before: %s; during: %s", deleted, pause, elapsed.Round(time.Millisecond),
 		float64(deleted)/elapsed.Seconds(), pb, pd)
 	if p99 := percentile(during, 0.99); p99 > time.Second {
 		t.Errorf("payment p99 during the run %s, want under 1s", p99)
