@@ -186,14 +186,14 @@ func TestPaymentsFlowWhilePruning(t *testing.T) {
 	if old != 0 || fresh != paid || paid == 0 {
 		t.Errorf("after the run: %d old notices left, %d payments' notices for %d paid orders", old, fresh, paid)
 	}
-	if len(during) < 100 {
-		t.Fatalf("only %d payments completed during the run (%s): too few to judge", len(during), elapsed)
-	}
 	pb, pd := stats(before), stats(during)
 	t.Logf("pruned %d rows (pause %s) in %s: %.0f rows/s; payments before: %s; during: %s", deleted, pause, elapsed.Round(time.Millisecond),
 		float64(deleted)/elapsed.Seconds(), pb, pd)
 	if p99 := percentile(during, 0.99); p99 > time.Second {
 		t.Errorf("payment p99 during the run %s, want under 1s", p99)
+	}
+	if len(during) < 100 {
+		t.Errorf("only %d payments completed during the run (%s): the run held them up, or ran too short to judge", len(during), elapsed)
 	}
 }
 
