@@ -50,6 +50,8 @@ func TestCLIHelp(t *testing.T) {
 			"Exit status 2 when it finds problems", "reconciled: duplicate groups", "{kind, order_no"}},
 		{[]string{"trace", "--help"}, []string{"usage: paysvc [--config FILE] trace ORDER_NO [--log FILE]", "  --log FILE"}},
 		{[]string{"migrate", "-h"}, []string{"usage: paysvc [--config FILE] migrate\n"}},
+		{[]string{"prune", "-h"}, []string{"usage: paysvc [--config FILE] prune [--dry-run]", "  --dry-run", "prune.outboxAfter",
+			"NEW dead letter never go", "paysvc.prune"}},
 		{[]string{"help", "run"}, []string{"usage: paysvc [--config FILE] run\n"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -87,6 +89,7 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"help", "dlq", "nosuch"}, `help: dlq has no subcommand "nosuch"`, "dlq list|show|replay|discard"},
 		{[]string{"run", "--nosuch"}, "run: flag provided but not defined: -nosuch", "paysvc [--config FILE] run\n"},
 		{[]string{"migrate", "extra"}, `migrate: unexpected arguments ["extra"]`, "paysvc [--config FILE] migrate\n"},
+		{[]string{"prune", "extra"}, `prune: unexpected arguments ["extra"]`, "paysvc [--config FILE] prune [--dry-run]"},
 		{[]string{"version", "extra"}, `version: unexpected arguments ["extra"]`, "paysvc [--config FILE] version\n"},
 		{[]string{"reconcile", "--output", "yaml"}, `reconcile: invalid value "yaml" for flag -output: want table or json`, "reconcile [--from T]"},
 		{[]string{"dlq", "list", "--output", "yaml"}, `dlq list: invalid value "yaml" for flag -output: want table or json`, "dlq list [--order"},
