@@ -220,7 +220,7 @@ var keys = []key{
 		doc:  "`paysvc prune`'s wait between two batches, which leaves the database to the payments"},
 	{name: "prune.interval", def: "0s", check: offOrAtLeastSecond,
 		bind: func(c *Config) any { return &c.Prune.Interval },
-		doc:  "0: off; else the daemon runs `paysvc prune` itself this often (1s at least), one replica at a time, counting `paysvc_pruned_rows_total`. It connects with `prune.dsn` (the daemon's own user has no `DELETE`)"},
+		doc:  "0: off; else the daemon runs `paysvc prune` itself this often (1s at least), one replica at a time, counting `paysvc_pruned_rows_total`. It connects with `prune.dsn`, else `mysql.dsn` (whose least-privilege user has no `DELETE`: set `prune.dsn`)"},
 	{name: "prune.dsn", def: "", redact: redactDSN, check: checkDSNOrEmpty,
 		bind: func(c *Config) any { return &c.Prune.DSN },
 		doc:  "the go-sql-driver DSN pruning connects with (a user with `DELETE` on the pruned tables: `paysvc_prune` of `scripts/least-privilege.sh`), for `paysvc prune` and `prune.interval`; `mysql.caFile` applies. Empty: `mysql.dsn`"},

@@ -123,13 +123,15 @@ func Run(ctx context.Context, db *sqlx.DB, o Options) ([]Result, error) {
 	var errs []error
 	for _, t := range Tables {
 		r := Result{Table: t, Window: p.window(t)}
-		if r.Window > 0 && ctx.Err() == nil {
+		if r.Window > 0 {
 			r.Cutoff = now.Add(-r.Window)
 			start := time.Now()
-			r.Rows, r.Batches, r.Err = p.table(ctx, t, r.Cutoff)
+			if r.Err = context.Cause(ctx); r.Err == nil {
+				r.Rows, r.Batches, r.Err = p.table(ctx, t, r.Cutoff)
+			}
 			r.Elapsed = time.Since(start)
 			if r.Err == nil && ctx.Err() != nil {
-				r.Err = context.Cause(ctx)
+				r.Err = context.Cause(ctx) // stopped, or the lease lost
 			}
 		}
 		p.logResult(r)
