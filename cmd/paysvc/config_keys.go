@@ -170,6 +170,10 @@ var keys = []key{
 	{name: "admin.sessionTtl", def: "8h", check: durationBetween(time.Minute, 7*24*time.Hour),
 		bind: func(c *Config) any { return &c.Admin.SessionTTL },
 		doc:  "a sign-in's life, 1m to 168h (sessions live in `t_admin_session`, shared by the replicas; sign out or revoke on `/admin/sessions` to end one)"},
+	{name: "admin.secureCookie", def: "true",
+		bind: func(c *Config) any { return &c.Admin.SecureCookie },
+		doc: "the session cookie carries `Secure`, whatever the request arrived over (behind a TLS-terminating ingress paysvc sees plain HTTP): browsers send it over HTTPS only, and to `localhost`/`127.0.0.1` over plain HTTP. " +
+			"`false` only for the pages over plain HTTP on another address (a compose host reached by its name); never behind an ingress"},
 
 	{name: "alert.webhookUrl", def: "", secret: true, check: httpURL("want an http:// or https:// URL", false),
 		bind: func(c *Config) any { return &c.Alert.WebhookURL },

@@ -312,6 +312,7 @@ func envSamples(t *testing.T) map[string]struct {
 		"admin.operators":              {"alice:0123456789abcdef0123", "alice:0123456789abcdef0123", nil},
 		"admin.token":                  {"0123456789abcdef0123x", "0123456789abcdef0123x", nil},
 		"admin.sessionTtl":             {"1h", time.Hour, nil},
+		"admin.secureCookie":           {"false", false, nil},
 		"alert.webhookUrl":             {"https://hooks.example/x", "https://hooks.example/x", nil},
 		"metrics.queueInterval":        {"1s", time.Second, nil},
 		"reconcile.interval":           {"1h", time.Hour, nil},

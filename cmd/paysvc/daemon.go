@@ -189,8 +189,9 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 			return err
 		}
 		health.serve(consumer, monitor, &admin.Server{Store: deadLetters, Operators: ops, Log: log,
-			Sessions: &admin.Sessions{DB: db, TTL: cfg.Admin.SessionTTL},
-			Replayer: &replay.Replayer{Store: deadLetters, Orders: orders, DB: db, Publish: pub, Every: replay.DefaultEvery}})
+			InsecureCookie: !cfg.Admin.SecureCookie,
+			Sessions:       &admin.Sessions{DB: db, TTL: cfg.Admin.SessionTTL},
+			Replayer:       &replay.Replayer{Store: deadLetters, Orders: orders, DB: db, Publish: pub, Every: replay.DefaultEvery}})
 	}
 	err = consumer.Run(ctx)
 	log.Info("paysvc stopped", zap.Error(err))
