@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"runtime"
 	"sync"
 	"time"
 
@@ -33,8 +32,7 @@ import (
 // alerter, monitor, scheduled reconciliation → admin HTTP, and runs until ctx
 // ends. The consumer decides the exit: its drain comes first.
 func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
-	log.Info("goroutines run on gomaxprocs CPUs (1 unless the GOMAXPROCS environment variable is set)",
-		zap.Int("gomaxprocs", runtime.GOMAXPROCS(0)), zap.Bool("from_env", os.Getenv("GOMAXPROCS") != ""))
+	logLimits(log)
 	// The health listener comes first, before any dependency: /healthz says
 	// the process works while it waits for MySQL (a liveness or startup
 	// probe must not kill a pod for an outage), /readyz says whether it
@@ -196,25 +194,6 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	err = consumer.Run(ctx)
 	log.Info("paysvc stopped", zap.Error(err))
 	return err
-}
-
-// limitProcs runs the process's goroutines on one CPU (GOMAXPROCS 1)
-// unless the GOMAXPROCS environment variable is set. main calls it for
-// paysvc run: a process-wide setting, so never from daemon, which tests
-// also run inside their own process.
-//
-// paysvc waits on MySQL, Redis and RabbitMQ far more than it computes: one
-// CPU carried 3,500-4,600 messages a second in make bench at about a
-// quarter less CPU per payment than two, which the Go scheduler spends
-// looking for work and handing it between threads; on a host it shares
-// with its database and broker, the CPU it does not take is theirs (paired
-// open loops at half the peak: a lower p99 in 17 of 23 pairs,
-// docs/benchmarks.md). It is what the Kubernetes manifest's CPU limit of 1
-// gives anyway. For more: run more replicas, or set GOMAXPROCS.
-func limitProcs() {
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(1)
-	}
 }
 
 // The daemon's fixed shapes and bounds, which no setting changes.
