@@ -71,6 +71,7 @@ type Config struct {
 		FirstPerSecond int
 	}
 	Admin struct {
+		Addr         string
 		Token        string
 		Operators    string
 		SessionTTL   time.Duration

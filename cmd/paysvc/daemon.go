@@ -39,12 +39,11 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	// consumes, and a busy or bad http.addr stops start-up at once.
 	m := metrics.New()
 	m.SetBuild(version, cmp.Or(buildRevision(), "unknown"))
-	var health *healthServer
-	if cfg.HTTP.Addr != "" {
-		var err error
-		if health, err = startHealth(cfg.HTTP.Addr, m, log); err != nil {
-			return err
-		}
+	health, err := startHealth(cfg.HTTP.Addr, cfg.Admin.Addr, m, log)
+	if err != nil {
+		return err
+	}
+	if health != nil {
 		defer health.shutdown()
 	}
 	health.stage("waiting for MySQL")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -114,7 +115,7 @@ func TestHealthcheckFailsAndABusyAddressStopsStartup(t *testing.T) {
 func TestHTTPServerErrorsGoToTheLog(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	addr := testenv.FreeAddr(t)
-	h, err := startHealth(addr, metrics.New(), zap.New(core))
+	h, err := startHealth(addr, "", metrics.New(), zap.New(core))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,4 +132,120 @@ func TestHTTPServerErrorsGoToTheLog(t *testing.T) {
 		}
 		return false
 	}, "the handler's panic did not reach the log")
+}
+
+// With admin.addr set, the operator pages and their sign-in are served
+// there alone: http.addr answers /healthz, /readyz and /metrics and 404 for
+// every page, admin.addr serves the pages and none of the probes. A busy
+// admin.addr stops start-up naming it, and both listeners close when the
+// daemon stops.
+func TestAdminPagesOnTheirOwnListener(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	httpAddr, adminAddr := freeAddr(t), freeAddr(t)
+	env := w.env("PAYSVC_HTTP_ADDR="+httpAddr, "PAYSVC_ADMIN_ADDR="+adminAddr,
+		"PAYSVC_ADMIN_OPERATORS=bob:"+bobToken, "PAYSVC_METRICS_QUEUEINTERVAL=200ms")
+	logs := &lockedBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"run"}, env, logs) }()
+	defer func() {
+		cancel()
+		if t.Failed() {
+			t.Logf("daemon output:\n%s", logs)
+		}
+	}()
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		code, _ := get("http://" + httpAddr + "/readyz")
+		return code == 200
+	}, "daemon never ready")
+
+	// do sends one request, with bob's token as a Bearer when bearer.
+	do := func(method, url string, bearer bool, form string) (int, *http.Response) {
+		t.Helper()
+		req, err := newRequest(method, url, form)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bearer {
+			req.Header.Set("Authorization", "Bearer "+bobToken)
+		}
+		resp, err := noRedirect().Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, url, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp
+	}
+	pages := []struct{ method, path, form string }{
+		{"GET", "/login", ""},
+		{"POST", "/login", "token=" + bobToken + "&next=/dlq"},
+		{"GET", "/dlq", ""},
+		{"GET", "/dlq/1", ""},
+		{"POST", "/dlq/bulk", "action=discard"},
+		{"GET", "/admin/sessions", ""},
+		{"POST", "/logout", ""},
+	}
+	for _, p := range pages {
+		if code, _ := do(p.method, "http://"+httpAddr+p.path, true, p.form); code != http.StatusNotFound {
+			t.Errorf("http.addr %s %s: %d, want 404 (the page belongs to admin.addr)", p.method, p.path, code)
+		}
+	}
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		if code, _ := do("GET", "http://"+httpAddr+path, false, ""); code != http.StatusOK {
+			t.Errorf("http.addr GET %s: %d, want 200", path, code)
+		}
+		if code, _ := do("GET", "http://"+adminAddr+path, false, ""); code != http.StatusNotFound {
+			t.Errorf("admin.addr GET %s: %d, want 404 (probes and metrics belong to http.addr)", path, code)
+		}
+	}
+	// The pages on admin.addr: the sign-in page, a sign-in that gives a
+	// session, the list through it and through a token.
+	if code, _ := do("GET", "http://"+adminAddr+"/login", false, ""); code != http.StatusOK {
+		t.Errorf("admin.addr GET /login: %d, want 200", code)
+	}
+	code, resp := do("POST", "http://"+adminAddr+"/login", false, "token="+bobToken+"&next=/dlq")
+	var session *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == "paysvc_admin" && c.Value != "" {
+			session = c
+		}
+	}
+	if code != http.StatusSeeOther || session == nil {
+		t.Fatalf("admin.addr POST /login: %d, cookie %v, want 303 with a session", code, session)
+	}
+	req, _ := http.NewRequest("GET", "http://"+adminAddr+"/dlq", nil)
+	req.AddCookie(session)
+	if resp, err := noRedirect().Do(req); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("admin.addr GET /dlq with the session: %v %v, want 200", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	for _, path := range []string{"/dlq", "/admin/sessions"} {
+		if code, _ := do("GET", "http://"+adminAddr+path, true, ""); code != http.StatusOK {
+			t.Errorf("admin.addr GET %s with the token: %d, want 200", path, code)
+		}
+	}
+
+	// A busy admin.addr stops start-up, naming it.
+	busy := w.start(w.env("PAYSVC_HTTP_ADDR="+freeAddr(t), "PAYSVC_ADMIN_ADDR="+adminAddr), "run")
+	if err := busy.wait(t, 10*time.Second); err == nil || !strings.Contains(busy.out.String(), "admin.addr "+adminAddr) {
+		t.Errorf("run on a busy admin.addr: %v\n%s", err, busy.out)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("daemon did not stop")
+	}
+	for _, addr := range []string{httpAddr, adminAddr} {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			t.Errorf("%s still accepts connections after the daemon stopped", addr)
+		}
+	}
 }
