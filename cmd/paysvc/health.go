@@ -120,6 +120,10 @@ func (h *healthServer) serve(c *listener.Consumer, m *listener.Monitor, a *admin
 	h.consumer.Store(c)
 }
 
+// readyz answers from the state the consumer and the monitor keep (their
+// dependency checks), never by asking MySQL, Redis or RabbitMQ: within the
+// kubelet's probe timeout (1 s by default) however slow a dependency is
+// (TestReadyzAnswersFastWhileMySQLIsSlow).
 func (h *healthServer) readyz(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	c, m := h.consumer.Load(), h.monitor.Load()

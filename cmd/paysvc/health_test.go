@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/testenv"
 )
@@ -247,5 +249,107 @@ func TestAdminPagesOnTheirOwnListener(t *testing.T) {
 			c.Close()
 			t.Errorf("%s still accepts connections after the daemon stopped", addr)
 		}
+	}
+}
+
+// readyzBudget is the longest /readyz may take while MySQL is slow: half
+// the kubelet's default probe timeout (1 s).
+const readyzBudget = 500 * time.Millisecond
+
+// /readyz answers from the state the consumer's dependency checks keep,
+// never by asking MySQL: while MySQL commits nothing (a table locked by
+// another session: payments and reads of the table wait; or a network
+// path that loses everything, reads included) every /readyz answers
+// within readyzBudget, and still means what it says: 503 with the pause's
+// reason once consumption pauses on the stall, 200 once it is over.
+func TestReadyzAnswersFastWhileMySQLIsSlow(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		stall func(t *testing.T, w *world, proxy *testenv.Proxy) (end func())
+		why   string // in /readyz once paused
+	}{
+		{"table-locked", func(t *testing.T, w *world, _ *testenv.Proxy) func() {
+			ctx := context.Background()
+			conn, err := w.db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.ExecContext(ctx, "LOCK TABLES t_account WRITE, t_order WRITE"); err != nil {
+				t.Fatal(err)
+			}
+			end := func() { conn.ExecContext(ctx, "UNLOCK TABLES"); conn.Close() }
+			t.Cleanup(end)
+			return end
+		}, "paused"},
+		{"everything-black-holed", func(t *testing.T, _ *world, proxy *testenv.Proxy) func() {
+			proxy.BlackholeWhen(func([]byte) bool { return true })
+			// The black-holed connections stay stuck: close them so the
+			// daemon dials anew once the path is back.
+			return func() { proxy.BlackholeWhen(nil); proxy.Down(); proxy.Up() }
+		}, "paused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t)
+			proxy, dsn := testenv.MySQLProxy(t, w.dsn)
+			w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (71, 100.00)")
+			for i := range 8 {
+				w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES (?, 71, 1.00)", fmt.Sprintf("RDY%d", i))
+			}
+			addr, _ := w.daemonInProcess("PAYSVC_MYSQL_DSN=" + dsn)
+			client := &http.Client{Timeout: 2 * time.Second}
+			var slowest time.Duration
+			var answers int
+			// probe asks /readyz once, failing the test past readyzBudget.
+			probe := func() (int, string) {
+				t.Helper()
+				start := time.Now()
+				resp, err := client.Get("http://" + addr + "/readyz")
+				took := time.Since(start)
+				if err != nil {
+					t.Fatalf("/readyz: %v after %v", err, took)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				answers++
+				slowest = max(slowest, took)
+				if took > readyzBudget {
+					t.Errorf("/readyz took %v (%d %q), want under %v", took, resp.StatusCode, b, readyzBudget)
+				}
+				return resp.StatusCode, string(b)
+			}
+			testenv.Publish(t, w.amqpURL, listener.MainQueue, payment("RDY0", 71, "1.00"))
+			testenv.Eventually(t, 20*time.Second, func() bool {
+				return w.count("SELECT COUNT(*) FROM t_order WHERE order_no = 'RDY0' AND status = 'PAID'") == 1
+			}, "the payment before the stall was not applied")
+
+			end := tc.stall(t, w, proxy)
+			for i := 1; i < 8; i++ {
+				testenv.Publish(t, w.amqpURL, listener.MainQueue, payment(fmt.Sprintf("RDY%d", i), 71, "1.00"))
+			}
+			// Ask every 50 ms until consumption pauses on the stall, and
+			// for 3 s after: each answer within the budget.
+			deadline, pausedAt := time.Now().Add(30*time.Second), time.Time{}
+			for time.Now().Before(deadline) && (pausedAt.IsZero() || time.Since(pausedAt) < 3*time.Second) {
+				code, body := probe()
+				if pausedAt.IsZero() && code == http.StatusServiceUnavailable && strings.Contains(body, tc.why) {
+					pausedAt = time.Now()
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if pausedAt.IsZero() {
+				t.Fatalf("/readyz never said the consumer paused on the stall (%d answers)", answers)
+			}
+			end()
+			testenv.Eventually(t, 60*time.Second, func() bool {
+				code, body := probe()
+				return code == http.StatusOK && strings.HasPrefix(body, "ready")
+			}, "/readyz not ready again after the stall")
+			testenv.Eventually(t, 60*time.Second, func() bool {
+				return w.count("SELECT COUNT(*) FROM t_order WHERE order_no LIKE 'RDY%' AND status = 'PAID'") == 8
+			}, "the payments of the stall were not applied after it")
+			t.Logf("%d /readyz answers, the slowest in %v", answers, slowest)
+		})
 	}
 }
