@@ -11,15 +11,23 @@ import (
 )
 
 // The Grafana dashboard is valid JSON with the panels an on-call person
-// opens first, and every query names only metrics paysvc exports.
+// opens first, and every query names only metrics paysvc exports. One
+// Prometheus may watch several deployments: the dashboard has namespace
+// and job variables, and every metric a panel queries is selected by both
+// (a query without them would add staging's payments to production's).
 func TestGrafanaDashboard(t *testing.T) {
 	b, err := os.ReadFile("grafana/paysvc.json")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var d struct {
-		Title  string `json:"title"`
-		UID    string `json:"uid"`
+		Title      string `json:"title"`
+		UID        string `json:"uid"`
+		Templating struct {
+			List []struct {
+				Name, Type string
+			} `json:"list"`
+		} `json:"templating"`
 		Panels []struct {
 			Title   string `json:"title"`
 			Targets []struct {
@@ -37,6 +45,17 @@ func TestGrafanaDashboard(t *testing.T) {
 	for _, n := range metrics.New().Names() {
 		exported[n] = true
 	}
+	vars := map[string]string{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = v.Type
+	}
+	for _, v := range []string{"namespace", "job"} {
+		if vars[v] != "query" {
+			t.Errorf("the dashboard has no %s variable (a query variable): %v", v, vars)
+		}
+	}
+	// A metric and its label matchers, if any.
+	selector := regexp.MustCompile(`\b(paysvc_[a-z_]+)\b(\{[^}]*\})?`)
 	name := regexp.MustCompile(`\bpaysvc_[a-z_]+\b`)
 	titles := map[string]bool{}
 	for _, p := range d.Panels {
@@ -45,6 +64,11 @@ func TestGrafanaDashboard(t *testing.T) {
 			t.Errorf("panel %q has no query", p.Title)
 		}
 		for _, tg := range p.Targets {
+			for _, m := range selector.FindAllStringSubmatch(tg.Expr, -1) {
+				if !strings.Contains(m[2], `namespace="$namespace"`) || !strings.Contains(m[2], `job="$job"`) {
+					t.Errorf("panel %q queries %s without namespace=\"$namespace\" and job=\"$job\": deployments would merge", p.Title, m[0])
+				}
+			}
 			for _, m := range name.FindAllString(tg.Expr, -1) {
 				family := m
 				for _, suffix := range []string{"_bucket", "_sum", "_count"} {

@@ -3,6 +3,7 @@ package deploy
 import (
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -73,6 +74,10 @@ var offByDefault = map[string]string{
 	"paysvc_alert_webhook_failures_total": "alert.webhookUrl",
 }
 
+// aggregation matches an aggregation operator and its by (...) labels
+// (empty: none, or without).
+var aggregation = regexp.MustCompile(`\b(sum|min|max|avg|count|group|stddev|stdvar|topk|bottomk|quantile|count_values)\s*(?:by\s*\(([^)]*)\)|without\s*\([^)]*\))?\s*\(`)
+
 func TestAlertRules(t *testing.T) {
 	exported := map[string]bool{"up": true}
 	for _, n := range metrics.New().Names() {
@@ -105,6 +110,18 @@ func TestAlertRules(t *testing.T) {
 					if !exported[m] && !exported[strings.TrimSuffix(m, "_bucket")] {
 						t.Errorf("%s %s: paysvc exports no metric %s", file, r.Alert, m)
 					}
+				}
+				// One Prometheus may watch several deployments: every
+				// aggregation keeps namespace and job, and absent(), which
+				// keeps no label, serves only the rule for none anywhere.
+				for _, m := range aggregation.FindAllStringSubmatch(r.Expr, -1) {
+					by := strings.Fields(strings.ReplaceAll(m[2], ",", " "))
+					if !slices.Contains(by, "namespace") || !slices.Contains(by, "job") {
+						t.Errorf("%s %s: %q aggregates without namespace and job: staging and production would merge", file, r.Alert, m[0])
+					}
+				}
+				if strings.Contains(r.Expr, "absent(") && r.Alert != "PaysvcAbsentEverywhere" {
+					t.Errorf("%s %s: absent() keeps no namespace: use the per-deployment form of PaysvcAbsent", file, r.Alert)
 				}
 				url := r.Annotations["runbook_url"]
 				anchor, ok := strings.CutPrefix(url, "https://github.com/paysvc/paysvc/blob/main/docs/operations.md#")

@@ -29,6 +29,7 @@ export PAYSVC_IDEMPOTENT_KEYPREFIX='demo:pay_success:'
 export PAYSVC_RETRY_DELAYS=1s,2s
 export PAYSVC_RETRY_MAXATTEMPTS=2
 export PAYSVC_HTTP_ADDR=127.0.0.1:18080
+export PAYSVC_ADMIN_SECURECOOKIE=false # the admin pages over plain HTTP
 export PAYSVC_METRICS_QUEUEINTERVAL=1s
 
 echo "== paysvc migrate"

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -523,5 +524,36 @@ func TestAdminActsOnlyOnTheRowItsPageShowed(t *testing.T) {
 	}
 	if n := w.count("SELECT COUNT(*) FROM t_order WHERE status = 'PAID'"); n != 0 {
 		t.Fatalf("%d discarded payments charged", n)
+	}
+}
+
+// The daemon's session cookie is Secure by default, over plain HTTP too
+// (a TLS-terminating ingress in front), and admin.secureCookie false
+// leaves it off: a cookie a browser may send over plain HTTP elsewhere.
+func TestAdminCookieSecureByDefault(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		env    []string
+		secure bool
+	}{{nil, true}, {[]string{"PAYSVC_ADMIN_SECURECOOKIE=false"}, false}} {
+		t.Run(fmt.Sprintf("secure=%v", c.secure), func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t)
+			addr, _ := w.daemonInProcess(c.env...)
+			resp, err := noRedirect().PostForm("http://"+addr+"/login", url.Values{"token": {bobToken}, "next": {"/dlq"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			var got *http.Cookie
+			for _, ck := range resp.Cookies() {
+				if ck.Name == "paysvc_admin" && ck.Value != "" {
+					got = ck
+				}
+			}
+			if got == nil || got.Secure != c.secure || !got.HttpOnly {
+				t.Fatalf("%v: session cookie %v, want HttpOnly, Secure %v", c.env, got, c.secure)
+			}
+		})
 	}
 }

@@ -71,9 +71,11 @@ type Config struct {
 		FirstPerSecond int
 	}
 	Admin struct {
-		Token      string
-		Operators  string
-		SessionTTL time.Duration
+		Addr         string
+		Token        string
+		Operators    string
+		SessionTTL   time.Duration
+		SecureCookie bool
 	}
 	Alert     struct{ WebhookURL string }
 	Metrics   struct{ QueueInterval time.Duration }

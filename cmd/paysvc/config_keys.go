@@ -149,7 +149,7 @@ var keys = []key{
 
 	{name: "http.addr", def: "127.0.0.1:8080", check: hostPortOrEmpty,
 		bind: func(c *Config) any { return &c.HTTP.Addr },
-		doc:  "admin listener (`/healthz`, `/readyz`, `/metrics`, `/dlq`); empty disables it"},
+		doc:  "HTTP listener: `/healthz`, `/readyz`, `/metrics`, and the operator pages (`/dlq`) unless `admin.addr` is set; empty disables it"},
 
 	{name: "log.level", def: "info", norm: strings.ToLower, check: oneOf("debug", "info", "warn", "error"),
 		bind: func(c *Config) any { return &c.Log.Level },
@@ -161,6 +161,11 @@ var keys = []key{
 		bind: func(c *Config) any { return &c.Log.FirstPerSecond },
 		doc:  "0: every applied payment's line is logged; N: the first N FIRST lines each second, then one in 100. Every other outcome and every error is always logged. `paysvc trace --log` then misses the sampled-out FIRST lines (the order, its flow and notice still show the payment)"},
 
+	{name: "admin.addr", def: "", check: hostPortOrEmpty, // not http.addr: validateAcross
+		bind: func(c *Config) any { return &c.Admin.Addr },
+		doc: "a listener of their own for the operator pages (`/login`, `/dlq`, `/admin/sessions`), e.g. `:8081`: " +
+			"then `http.addr` serves only `/healthz`, `/readyz` and `/metrics` (the pages answer 404 there), so a network policy can let monitoring scrape `http.addr` without reaching the pages. " +
+			"Empty: the pages are on `http.addr`"},
 	{name: "admin.operators", def: "", secret: true, // parsed with admin.token: validateAcross
 		bind: func(c *Config) any { return &c.Admin.Operators },
 		doc:  "who may sign in to the `/dlq` pages: `NAME:TOKEN` (16+ characters) or `NAME:sha256:HEX`, comma- or newline-separated; the audit trail records the signed-in name. Placeholder tokens (`CHANGE-ME`...) stop start-up. No operator: the pages are off"},
@@ -170,6 +175,10 @@ var keys = []key{
 	{name: "admin.sessionTtl", def: "8h", check: durationBetween(time.Minute, 7*24*time.Hour),
 		bind: func(c *Config) any { return &c.Admin.SessionTTL },
 		doc:  "a sign-in's life, 1m to 168h (sessions live in `t_admin_session`, shared by the replicas; sign out or revoke on `/admin/sessions` to end one)"},
+	{name: "admin.secureCookie", def: "true",
+		bind: func(c *Config) any { return &c.Admin.SecureCookie },
+		doc: "the session cookie carries `Secure`, whatever the request arrived over (behind a TLS-terminating ingress paysvc sees plain HTTP): browsers send it over HTTPS only, and to `localhost`/`127.0.0.1` over plain HTTP. " +
+			"`false` only for the pages over plain HTTP on another address (a compose host reached by its name); never behind an ingress"},
 
 	{name: "alert.webhookUrl", def: "", secret: true, check: httpURL("want an http:// or https:// URL", false),
 		bind: func(c *Config) any { return &c.Alert.WebhookURL },

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"runtime"
 	"sync"
 	"time"
 
@@ -33,20 +32,18 @@ import (
 // alerter, monitor, scheduled reconciliation and pruning → admin HTTP, and runs until ctx
 // ends. The consumer decides the exit: its drain comes first.
 func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
-	log.Info("goroutines run on gomaxprocs CPUs (1 unless the GOMAXPROCS environment variable is set)",
-		zap.Int("gomaxprocs", runtime.GOMAXPROCS(0)), zap.Bool("from_env", os.Getenv("GOMAXPROCS") != ""))
+	logLimits(log)
 	// The health listener comes first, before any dependency: /healthz says
 	// the process works while it waits for MySQL (a liveness or startup
 	// probe must not kill a pod for an outage), /readyz says whether it
 	// consumes, and a busy or bad http.addr stops start-up at once.
 	m := metrics.New()
 	m.SetBuild(version, cmp.Or(buildRevision(), "unknown"))
-	var health *healthServer
-	if cfg.HTTP.Addr != "" {
-		var err error
-		if health, err = startHealth(cfg.HTTP.Addr, m, log); err != nil {
-			return err
-		}
+	health, err := startHealth(cfg.HTTP.Addr, cfg.Admin.Addr, m, log)
+	if err != nil {
+		return err
+	}
+	if health != nil {
 		defer health.shutdown()
 	}
 	health.stage("waiting for MySQL")
@@ -192,31 +189,13 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 			return err
 		}
 		health.serve(consumer, monitor, &admin.Server{Store: deadLetters, Operators: ops, Log: log,
-			Sessions: &admin.Sessions{DB: db, TTL: cfg.Admin.SessionTTL},
-			Replayer: &replay.Replayer{Store: deadLetters, Orders: orders, DB: db, Publish: pub, Every: replay.DefaultEvery}})
+			InsecureCookie: !cfg.Admin.SecureCookie,
+			Sessions:       &admin.Sessions{DB: db, TTL: cfg.Admin.SessionTTL},
+			Replayer:       &replay.Replayer{Store: deadLetters, Orders: orders, DB: db, Publish: pub, Every: replay.DefaultEvery}})
 	}
 	err = consumer.Run(ctx)
 	log.Info("paysvc stopped", zap.Error(err))
 	return err
-}
-
-// limitProcs runs the process's goroutines on one CPU (GOMAXPROCS 1)
-// unless the GOMAXPROCS environment variable is set. main calls it for
-// paysvc run: a process-wide setting, so never from daemon, which tests
-// also run inside their own process.
-//
-// paysvc waits on MySQL, Redis and RabbitMQ far more than it computes: one
-// CPU carried 3,500-4,600 messages a second in make bench at about a
-// quarter less CPU per payment than two, which the Go scheduler spends
-// looking for work and handing it between threads; on a host it shares
-// with its database and broker, the CPU it does not take is theirs (paired
-// open loops at half the peak: a lower p99 in 17 of 23 pairs,
-// docs/benchmarks.md). It is what the Kubernetes manifest's CPU limit of 1
-// gives anyway. For more: run more replicas, or set GOMAXPROCS.
-func limitProcs() {
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(1)
-	}
 }
 
 // The daemon's fixed shapes and bounds, which no setting changes.

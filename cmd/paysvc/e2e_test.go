@@ -468,29 +468,49 @@ func TestSecretsNeverLogged(t *testing.T) {
 	}
 }
 
-// The daemon schedules its goroutines on one CPU unless GOMAXPROCS says
-// otherwise (limitProcs), and says so in its log.
-func TestDaemonRunsOnOneCPUUnlessGOMAXPROCSSaysOtherwise(t *testing.T) {
+// The daemon's goroutines run on the Go runtime's own default number of
+// CPUs (the cgroup's CPU limit, else the CPUs) unless GOMAXPROCS says
+// otherwise, never forced to one; the soft memory limit is GOMEMLIMIT's
+// when set. The start-up log says each and where it came from.
+func TestDaemonFollowsTheRuntimeDefaultUnlessGOMAXPROCSSaysOtherwise(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
+	if defaultProcs == 1 {
+		t.Log("the runtime's default here is 1 CPU: the default case cannot tell it from a forced 1")
+	}
 	for _, c := range []struct {
-		env  []string
-		want float64
-	}{{nil, 1}, {[]string{"GOMAXPROCS=3"}, 3}} {
+		env       []string
+		procs     float64
+		procsFrom string
+		memLimit  float64
+		memFrom   string
+	}{
+		{nil, float64(defaultProcs), "Go runtime default", -1, ""},
+		{[]string{"GOMAXPROCS=3", "GOMEMLIMIT=300MiB"}, 3, "GOMAXPROCS environment variable", 300 << 20, "GOMEMLIMIT environment variable"},
+	} {
 		p := w.start(w.env(append([]string{"PAYSVC_LOG_FORMAT=json"}, c.env...)...), "run")
-		var got float64
+		var got struct {
+			GOMAXPROCS     *float64
+			GOMAXPROCSFrom string  `json:"gomaxprocs_from"`
+			GOMEMLIMIT     float64 `json:"gomemlimit"`
+			GOMEMLIMITFrom string  `json:"gomemlimit_from"`
+		}
 		testenv.Eventually(t, 20*time.Second, func() bool {
 			for _, line := range strings.Split(p.out.String(), "\n") {
-				var e struct{ GOMAXPROCS *float64 }
-				if json.Unmarshal([]byte(line), &e) == nil && e.GOMAXPROCS != nil {
-					got = *e.GOMAXPROCS
+				if json.Unmarshal([]byte(line), &got) == nil && got.GOMAXPROCS != nil {
 					return true
 				}
 			}
 			return false
 		}, "no gomaxprocs in the start-up log")
-		if got != c.want {
-			t.Errorf("env %v: gomaxprocs %v, want %v", c.env, got, c.want)
+		if *got.GOMAXPROCS != c.procs || !strings.HasPrefix(got.GOMAXPROCSFrom, c.procsFrom) {
+			t.Errorf("env %v: gomaxprocs %v from %q, want %v from %q", c.env, *got.GOMAXPROCS, got.GOMAXPROCSFrom, c.procs, c.procsFrom)
+		}
+		if c.memLimit >= 0 && (got.GOMEMLIMIT != c.memLimit || got.GOMEMLIMITFrom != c.memFrom) {
+			t.Errorf("env %v: gomemlimit %v from %q, want %v from %q", c.env, got.GOMEMLIMIT, got.GOMEMLIMITFrom, c.memLimit, c.memFrom)
+		}
+		if got.GOMEMLIMITFrom == "" {
+			t.Errorf("env %v: the log does not say where gomemlimit came from", c.env)
 		}
 		p.cmd.Process.Signal(syscall.SIGTERM)
 		if err := p.wait(t, 30*time.Second); err != nil {

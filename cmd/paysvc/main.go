@@ -34,7 +34,7 @@ var revision = ""
 
 func main() {
 	if c, err := parseCommand(os.Args[1:]); err == nil && c.spec != nil && c.spec.name == "run" {
-		limitProcs()
+		applyMemoryLimit()
 	}
 	if err := run(context.Background(), os.Args[1:], os.Environ(), os.Stdout); err != nil {
 		var exit *exitError

@@ -77,6 +77,9 @@ func (c *Config) validateAcross(reporter func(name string) badFunc) {
 		// database 0 only: the setting would be ignored without a word.
 		reporter("redis.db")("want 0 with a Redis Cluster (several redis.addr and no redis.masterName), got %d", c.Redis.DB)
 	}
+	if c.Admin.Addr != "" && c.Admin.Addr == c.HTTP.Addr {
+		reporter("admin.addr")("is http.addr (%s): give the operator pages another address, or leave it empty to serve them on http.addr", c.HTTP.Addr)
+	}
 	if _, err := c.adminOperators(); err != nil && c.Admin.Operators != "" {
 		reporter("admin.operators")("%v", err)
 	}

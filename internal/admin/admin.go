@@ -49,6 +49,13 @@ type Server struct {
 	Operators []Operator
 	Sessions  *Sessions
 	Log       *zap.Logger
+	// InsecureCookie leaves the Secure attribute off the session cookie
+	// (admin.secureCookie false), for plain-HTTP use on a trusted host.
+	// By default the cookie is Secure whatever the request arrived over:
+	// behind a TLS-terminating ingress the request paysvc sees is plain
+	// HTTP, yet the browser's is HTTPS, and a cookie without Secure would
+	// also go out over any plain-HTTP request to the same host.
+	InsecureCookie bool
 }
 
 const cookieName = "paysvc_admin"
@@ -164,16 +171,23 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.Log.Info("admin: signed in", zap.String("operator", name))
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: token, Path: "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(s.Sessions.TTL.Seconds())})
+	http.SetCookie(w, s.cookie(token, int(s.Sessions.TTL.Seconds())))
 	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+// cookie is the session cookie holding token for maxAge seconds (-1:
+// delete it). A browser lets only a Secure cookie replace a Secure one,
+// so sign-out sets the same attributes.
+func (s *Server) cookie(token string, maxAge int) *http.Cookie {
+	return &http.Cookie{Name: cookieName, Value: token, Path: "/", HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: !s.InsecureCookie, MaxAge: maxAge}
 }
 
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 	if id, _ := r.Context().Value(sessionKey{}).(string); id != "" {
 		s.Sessions.Revoke(r.Context(), id, operator(r))
 	}
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", MaxAge: -1})
+	http.SetCookie(w, s.cookie("", -1))
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 

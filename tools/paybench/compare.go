@@ -79,7 +79,7 @@ func measureReference(ctx context.Context, o *options, workers, prefetch, n int)
 }
 
 // daemon is the real paysvc binary running against a bed, on its defaults
-// but for extraEnv, logging to a file of its own.
+// but for one CPU and extraEnv, logging to a file of its own.
 type daemon struct {
 	cmd      *exec.Cmd
 	httpAddr string
@@ -110,6 +110,10 @@ func startDaemon(o *options, b *bed, extraEnv []string) (*daemon, error) {
 		"PAYSVC_REDIS_ADDR=" + o.redisAddr,
 		"PAYSVC_IDEMPOTENT_KEYPREFIX=" + b.prefix,
 		"PAYSVC_HTTP_ADDR=" + d.httpAddr,
+		// One CPU, as on a host shared with MySQL and RabbitMQ
+		// (docs/configuration.md, "CPUs and memory"); -pair-env
+		// GOMAXPROCS=2 compares (the last value of a variable wins).
+		"GOMAXPROCS=1",
 	}, extraEnv...)
 	d.cmd.Stdout, d.cmd.Stderr = d.logf, d.logf
 	if err := d.cmd.Start(); err != nil {
