@@ -52,10 +52,13 @@ lint:
 
 # The configuration reference (docs/configuration.md, and README.md between
 # its config-reference markers) from the declarations in
-# cmd/paysvc/config_keys.go, and deploy/k8s/config.yaml (the ConfigMap kustomize generates) from config.yaml.
+# cmd/paysvc/config_keys.go, deploy/k8s/base/config.yaml (the ConfigMap
+# kustomize generates) from config.yaml, and the prometheus-operator
+# component's PrometheusRules from deploy/prometheus/*.yaml.
 .PHONY: docs
 docs:
 	$(GO) test -count=1 -run '^TestConfigReferenceUpToDate$$' ./cmd/paysvc -args -update
+	$(GO) test -count=1 -run '^TestPrometheusRulesUpToDate$$' ./deploy -args -update
 
 # Unit and integration tests against the real servers (never skipped).
 test: services test-tools lint rules
