@@ -43,7 +43,8 @@ services:
 test-tools:
 	scripts/ensure-test-tools.sh
 
-# Both modules: the service's (.) and the tools' (tools/: paybench, paychaos).
+# Both modules: the service's (.) and the tools' (tools/: paybench, paychaos,
+# k8scheck, which builds the Kubernetes overlays with kustomize).
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
