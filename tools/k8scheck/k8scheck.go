@@ -493,9 +493,6 @@ func hasServicePort(svc *corev1.Service, name string) bool {
 // checkSelectors: the Deployment, Service and PDB select the daemon's pods
 // and not the prune job's; the Service's ports reach the listeners.
 func checkSelectors(p *problems, daemon, prune workload, dep *appsv1.Deployment, svc *corev1.Service, pdb *policyv1.PodDisruptionBudget) {
-	if !selects(dep.Spec.Selector, daemon.labels) {
-		p.add("Deployment %s: its selector does not match its pods", dep.Name)
-	}
 	for what, ok := range map[string][2]bool{
 		"Deployment " + dep.Name:          {selects(dep.Spec.Selector, daemon.labels), selects(dep.Spec.Selector, prune.labels)},
 		"Service " + svc.Name:             {selectsMap(svc.Spec.Selector, daemon.labels), selectsMap(svc.Spec.Selector, prune.labels)},
