@@ -43,7 +43,8 @@ services:
 test-tools:
 	scripts/ensure-test-tools.sh
 
-# Both modules: the service's (.) and the tools' (tools/: paybench, paychaos).
+# Both modules: the service's (.) and the tools' (tools/: paybench, paychaos,
+# k8scheck, which builds the Kubernetes overlays with kustomize).
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
@@ -52,10 +53,13 @@ lint:
 
 # The configuration reference (docs/configuration.md, and README.md between
 # its config-reference markers) from the declarations in
-# cmd/paysvc/config_keys.go, and deploy/k8s/config.yaml (the ConfigMap kustomize generates) from config.yaml.
+# cmd/paysvc/config_keys.go, deploy/k8s/base/config.yaml (the ConfigMap
+# kustomize generates) from config.yaml, and the prometheus-operator
+# component's PrometheusRules from deploy/prometheus/*.yaml.
 .PHONY: docs
 docs:
 	$(GO) test -count=1 -run '^TestConfigReferenceUpToDate$$' ./cmd/paysvc -args -update
+	$(GO) test -count=1 -run '^TestPrometheusRulesUpToDate$$' ./deploy -args -update
 
 # Unit and integration tests against the real servers (never skipped).
 test: services test-tools lint rules

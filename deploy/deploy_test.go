@@ -123,13 +123,16 @@ func serviceLinkEnv(svc map[string]any) []string {
 	return out
 }
 
+// TestKubernetesManifests reads the base's files as written (the overlays,
+// built by kustomize and decoded into Kubernetes' own types, are checked by
+// tools/k8scheck).
 func TestKubernetesManifests(t *testing.T) {
 	known := knownEnv(t)
 	kinds := map[string]map[string]any{}
 	var services []map[string]any
-	files, _ := filepath.Glob("k8s/*.yaml")
+	files, _ := filepath.Glob("k8s/base/*.yaml")
 	for _, f := range files {
-		if f == filepath.Join("k8s", "config.yaml") {
+		if f == filepath.Join("k8s", "base", "config.yaml") {
 			continue // the generated ConfigMap's content, not a manifest
 		}
 		for _, d := range docs(t, f) {
@@ -144,23 +147,71 @@ func TestKubernetesManifests(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"Deployment", "PodDisruptionBudget", "NetworkPolicy", "Service", "Secret"} {
+	for _, k := range []string{"Deployment", "PodDisruptionBudget", "NetworkPolicy", "Service", "CronJob"} {
 		if kinds[k] == nil {
 			t.Errorf("no %s manifest", k)
 		}
 	}
 	dep := kinds["Deployment"]
 	pod := get(dep, "spec", "template", "spec")
-	// Unless enableServiceLinks is false, the kubelet gives every container
-	// variables for each Service of its namespace, and paysvc refuses an
-	// unknown PAYSVC_* variable: the Service paysvc-admin alone
-	// (PAYSVC_ADMIN_SERVICE_HOST, ...) would stop every pod at start-up.
-	if get(pod, "enableServiceLinks") != false {
-		for _, svc := range services {
-			for _, name := range serviceLinkEnv(svc) {
-				if strings.HasPrefix(name, "PAYSVC_") && !known[name] {
-					t.Errorf("the kubelet would give the pod %s (Service %v), which paysvc refuses: set enableServiceLinks: false",
-						name, get(svc, "metadata", "name"))
+	prunePod := get(kinds["CronJob"], "spec", "jobTemplate", "spec", "template", "spec")
+	for name, pod := range map[string]any{"deployment": pod, "prune cronjob": prunePod} {
+		// Unless enableServiceLinks is false, the kubelet gives every
+		// container variables for each Service of its namespace, and paysvc
+		// refuses an unknown PAYSVC_* variable: the Service paysvc alone
+		// (PAYSVC_SERVICE_HOST, ...) would stop every pod at start-up.
+		if get(pod, "enableServiceLinks") != false {
+			for _, svc := range services {
+				for _, env := range serviceLinkEnv(svc) {
+					if strings.HasPrefix(env, "PAYSVC_") && !known[env] {
+						t.Errorf("%s: the kubelet would give the pod %s (Service %v), which paysvc refuses: set enableServiceLinks: false",
+							name, env, get(svc, "metadata", "name"))
+					}
+				}
+			}
+		}
+		// The Secret's files must be readable by the pod's user: the kubelet
+		// leaves them root's unless fsGroup names the user's group, and then
+		// gives that group read (TestSecretFilesReadableAsTheKubeletMountsThem
+		// in cmd/paysvc runs paysvc against both results).
+		if fs, gid := get(pod, "securityContext", "fsGroup"), get(pod, "securityContext", "runAsGroup"); fs == nil || fs != gid {
+			t.Errorf("%s: pod fsGroup %v, want the runAsGroup %v: the mounted Secret is unreadable otherwise", name, fs, gid)
+		}
+		vols, _ := get(pod, "volumes").([]any)
+		for _, v := range vols {
+			if mode, ok := get(v, "secret", "defaultMode").(int); ok && mode&0o040 == 0 {
+				t.Errorf("%s: volume %v: defaultMode %#o gives the group no read", name, get(v, "name"), mode)
+			}
+		}
+		mounted := false
+		for _, v := range vols {
+			if get(v, "configMap", "name") == "paysvc-config" {
+				mounted = true
+			}
+		}
+		if !mounted {
+			t.Errorf("%s: the pod does not mount the generated ConfigMap paysvc-config", name)
+		}
+		containers, _ := get(pod, "containers").([]any)
+		inits, _ := get(pod, "initContainers").([]any)
+		for _, c := range append(containers, inits...) {
+			if get(c, "securityContext", "readOnlyRootFilesystem") != true || get(c, "securityContext", "allowPrivilegeEscalation") != false ||
+				get(c, "securityContext", "capabilities", "drop", 0) != "ALL" || get(pod, "securityContext", "runAsNonRoot") != true {
+				t.Errorf("%s: container %v security: %v / pod %v", name, get(c, "name"), get(c, "securityContext"), get(pod, "securityContext"))
+			}
+			envs, _ := get(c, "env").([]any)
+			for _, e := range envs {
+				env, _ := get(e, "name").(string)
+				if strings.HasPrefix(env, "PAYSVC_") && !known[env] {
+					t.Errorf("%s sets %s, which paysvc does not know (it would refuse to start)", name, env)
+				}
+				if v, _ := get(e, "value").(string); inlineSecret.MatchString(v) {
+					t.Errorf("%s env %s holds what looks like a secret: use the Secret", name, env)
+				}
+				// paysvc sets GOMEMLIMIT to 90% of its cgroup's memory limit
+				// itself; the variable would override it with the whole limit.
+				if env == "GOMEMLIMIT" {
+					t.Errorf("%s: container %v sets GOMEMLIMIT: paysvc derives it from the cgroup limit", name, get(c, "name"))
 				}
 			}
 		}
@@ -182,19 +233,6 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Errorf("terminationGracePeriodSeconds %d must cover preStop %ds + drain timeout %s + the bounded waits after it (%s): %s",
 			grace, preStop, drainTimeout(t), afterDrain, need)
 	}
-	// The Secret's files must be readable by the pod's user: the kubelet
-	// leaves them root's unless fsGroup names the user's group, and then
-	// gives that group read (TestSecretFilesReadableAsTheKubeletMountsThem
-	// in cmd/paysvc runs paysvc against both results).
-	if fs, gid := get(pod, "securityContext", "fsGroup"), get(pod, "securityContext", "runAsGroup"); fs == nil || fs != gid {
-		t.Errorf("pod fsGroup %v, want the runAsGroup %v: the mounted Secret is unreadable otherwise", fs, gid)
-	}
-	vols, _ := get(pod, "volumes").([]any)
-	for _, v := range vols {
-		if mode, ok := get(v, "secret", "defaultMode").(int); ok && mode&0o040 == 0 {
-			t.Errorf("volume %v: defaultMode %#o gives the group no read", get(v, "name"), mode)
-		}
-	}
 	if get(pod, "topologySpreadConstraints", 0, "topologyKey") != "kubernetes.io/hostname" {
 		t.Errorf("want replicas spread across nodes: %v", get(pod, "topologySpreadConstraints"))
 	}
@@ -208,44 +246,49 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	}
 	init := get(pod, "initContainers", 0)
-	if get(init, "args", 0) != "migrate" || get(init, "env", 0, "value") != "/run/secrets/paysvc/migrate_dsn" {
+	if get(init, "args", 0) != "migrate" || get(init, "env", 0, "value") != "/run/secrets/paysvc-migrate/mysql_dsn" {
 		t.Errorf("want an init container running migrate with the migration user: %v", init)
 	}
-	for probe, path := range map[string]string{"livenessProbe": "/healthz", "readinessProbe": "/readyz"} {
-		if get(c, probe, "httpGet", "path") != path || get(c, probe, "httpGet", "port") != "admin" {
-			t.Errorf("%s: want GET %s on the admin port, got %v", probe, path, get(c, probe))
+	prune := get(prunePod, "containers", 0)
+	if fmt.Sprint(get(prune, "args")) != "[prune --config /etc/paysvc/config.yaml]" || get(prune, "env", 0, "value") != "/run/secrets/paysvc-prune/mysql_dsn" {
+		t.Errorf("want the CronJob running paysvc prune --config /etc/paysvc/config.yaml with the prune user: %v", prune)
+	}
+	if get(kinds["CronJob"], "spec", "concurrencyPolicy") != "Forbid" {
+		t.Error("the prune CronJob must not start a run while one goes on (concurrencyPolicy: Forbid)")
+	}
+	for probe, path := range map[string]string{"livenessProbe": "/healthz", "readinessProbe": "/readyz", "startupProbe": "/healthz"} {
+		if get(c, probe, "httpGet", "path") != path || get(c, probe, "httpGet", "port") != "http" {
+			t.Errorf("%s: want GET %s on the http port, got %v", probe, path, get(c, probe))
+		}
+		// The API server fills timeoutSeconds: 1 and the others when left
+		// out: the manifest decides each.
+		for _, f := range []string{"timeoutSeconds", "periodSeconds", "failureThreshold"} {
+			if _, ok := get(c, probe, f).(int); !ok {
+				t.Errorf("%s: %s not set: the API server's default decides it", probe, f)
+			}
 		}
 	}
-	if get(c, "ports", 0, "containerPort") != 8080 || get(c, "ports", 0, "name") != "admin" {
-		t.Errorf("admin port: %v", get(c, "ports"))
+	if get(c, "ports", 0, "containerPort") != 8080 || get(c, "ports", 0, "name") != "http" ||
+		get(c, "ports", 1, "containerPort") != 8081 || get(c, "ports", 1, "name") != "admin" {
+		t.Errorf("ports: want http 8080 (http.addr) and admin 8081 (admin.addr): %v", get(c, "ports"))
 	}
-	for _, r := range []string{"cpu", "memory"} {
-		if get(c, "resources", "limits", r) == nil || get(c, "resources", "requests", r) == nil {
-			t.Errorf("resources: no %s request or limit", r)
-		}
-	}
-	if get(c, "securityContext", "readOnlyRootFilesystem") != true || get(c, "securityContext", "allowPrivilegeEscalation") != false ||
-		get(c, "securityContext", "capabilities", "drop", 0) != "ALL" || get(pod, "securityContext", "runAsNonRoot") != true {
-		t.Errorf("container security: %v / pod %v", get(c, "securityContext"), get(pod, "securityContext"))
-	}
+	addrs := map[string]any{}
 	envs, _ := get(c, "env").([]any)
 	for _, e := range envs {
-		name, _ := get(e, "name").(string)
-		if strings.HasPrefix(name, "PAYSVC_") && !known[name] {
-			t.Errorf("deployment sets %s, which paysvc does not know (it would refuse to start)", name)
-		}
-		if v, _ := get(e, "value").(string); inlineSecret.MatchString(v) {
-			t.Errorf("deployment env %s holds what looks like a secret: use the Secret", name)
-		}
+		addrs[fmt.Sprint(get(e, "name"))] = get(e, "value")
+	}
+	if addrs["PAYSVC_HTTP_ADDR"] != "0.0.0.0:8080" || addrs["PAYSVC_ADMIN_ADDR"] != ":8081" {
+		t.Errorf("want http.addr on 8080 and admin.addr on 8081, on every interface: %v, %v", addrs["PAYSVC_HTTP_ADDR"], addrs["PAYSVC_ADMIN_ADDR"])
 	}
 	// The configuration is a generated ConfigMap (a name with its content's
 	// hash): a plain one is replaced in place by the next apply, under the
 	// pods of the previous ReplicaSet, whose binary refuses keys it does
 	// not know (a restart mid-rollout or a rollback would not start).
 	if kinds["ConfigMap"] != nil {
-		t.Error("a plain ConfigMap in k8s/: generate it (configMapGenerator) so that each ReplicaSet keeps its own")
+		t.Error("a plain ConfigMap in k8s/base: generate it (configMapGenerator) so that each ReplicaSet keeps its own")
 	}
-	gen, _ := get(docs(t, "k8s/kustomization.yaml")[0], "configMapGenerator").([]any)
+	kust := docs(t, "k8s/base/kustomization.yaml")[0]
+	gen, _ := get(kust, "configMapGenerator").([]any)
 	generated := false
 	for _, g := range gen {
 		files, _ := get(g, "files").([]any)
@@ -253,31 +296,13 @@ func TestKubernetesManifests(t *testing.T) {
 			generated = true
 		}
 	}
-	if !generated || get(docs(t, "k8s/kustomization.yaml")[0], "generatorOptions", "disableNameSuffixHash") == true {
+	if !generated || get(kust, "generatorOptions", "disableNameSuffixHash") == true {
 		t.Error("kustomization: want configMapGenerator paysvc-config from config.yaml, with its hash suffix")
 	}
-	mounted := false
-	for _, v := range get(pod, "volumes").([]any) {
-		if get(v, "configMap", "name") == "paysvc-config" {
-			mounted = true
-		}
-	}
-	if !mounted {
-		t.Error("the pod does not mount the generated ConfigMap paysvc-config")
-	}
-	cm, _ := os.ReadFile("k8s/config.yaml")
+	cm, _ := os.ReadFile("k8s/base/config.yaml")
 	repo, _ := os.ReadFile("../config.yaml")
 	if len(cm) == 0 || string(cm) != string(repo) {
-		t.Error("k8s/config.yaml differs from the repository's config.yaml (make docs)")
-	}
-	gomemlimit := false
-	for _, e := range envs {
-		if get(e, "name") == "GOMEMLIMIT" && get(e, "valueFrom", "resourceFieldRef", "resource") == "limits.memory" {
-			gomemlimit = true
-		}
-	}
-	if !gomemlimit {
-		t.Error("want GOMEMLIMIT from the container's memory limit")
+		t.Error("k8s/base/config.yaml differs from the repository's config.yaml (make docs)")
 	}
 	if get(kinds["PodDisruptionBudget"], "spec", "maxUnavailable") != 1 {
 		t.Error("the PodDisruptionBudget should allow one replica down at a time")
@@ -288,16 +313,61 @@ func TestKubernetesManifests(t *testing.T) {
 	if kinds["Job"] != nil {
 		t.Error("a Job in the kustomization: its template is immutable, and the next apply with a new image fails")
 	}
-	for k, v := range get(kinds["Secret"], "stringData").(map[string]any) {
-		if !strings.Contains(v.(string), "CHANGE-ME") {
-			t.Errorf("secret.example.yaml %s holds a real-looking value", k)
-		}
-	}
-	kust := docs(t, "k8s/kustomization.yaml")[0]
 	for _, r := range get(kust, "resources").([]any) {
-		if _, err := os.Stat(filepath.Join("k8s", r.(string))); err != nil {
+		if _, err := os.Stat(filepath.Join("k8s", "base", r.(string))); err != nil {
 			t.Errorf("kustomization lists %s: %v", r, err)
 		}
+	}
+}
+
+// The example Secrets and the dev overlay's generated ones hold
+// placeholders only, and production's Secrets are not in its overlay.
+func TestKubernetesSecretsArePlaceholders(t *testing.T) {
+	n := 0
+	for _, d := range docs(t, "k8s/overlays/production/secrets.example.yaml") {
+		data, _ := get(d, "stringData").(map[string]any)
+		for k, v := range data {
+			n++
+			if !strings.Contains(v.(string), "CHANGE-ME") {
+				t.Errorf("secrets.example.yaml %v %s holds a real-looking value", get(d, "metadata", "name"), k)
+			}
+		}
+	}
+	envs, _ := filepath.Glob("k8s/overlays/dev/*.env")
+	for _, f := range envs {
+		b, _ := os.ReadFile(f)
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			n++
+			if k, v, _ := strings.Cut(line, "="); !strings.Contains(v, "CHANGE-ME") {
+				t.Errorf("%s: %s holds a real-looking value", f, k)
+			}
+		}
+	}
+	if n == 0 || len(envs) == 0 {
+		t.Error("no example Secret values found")
+	}
+	prod := docs(t, "k8s/overlays/production/kustomization.yaml")[0]
+	for _, r := range get(prod, "resources").([]any) {
+		if strings.Contains(r.(string), "secret") {
+			t.Errorf("the production overlay lists %s: its Secrets are created out of band", r)
+		}
+	}
+	if prod["secretGenerator"] != nil {
+		t.Error("the production overlay generates Secrets: they are created out of band")
+	}
+}
+
+// The production overlay names the release this tree becomes: the
+// manifests use its keys, which an older binary refuses.
+func TestKubernetesProductionImageIsTheRelease(t *testing.T) {
+	v, err := os.ReadFile("../VERSION")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+`).FindString(strings.TrimSpace(string(v)))
+	prod := docs(t, "k8s/overlays/production/kustomization.yaml")[0]
+	if tag := get(prod, "images", 0, "newTag"); get(prod, "images", 0, "name") != "paysvc" || tag != release {
+		t.Errorf("overlays/production: image paysvc tag %v, want the release %q (VERSION %s)", tag, release, strings.TrimSpace(string(v)))
 	}
 }
 

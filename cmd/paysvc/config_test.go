@@ -498,7 +498,7 @@ var updateDocs = flag.Bool("update", false, "TestConfigReferenceUpToDate: rewrit
 
 // The configuration reference in docs/configuration.md (and README.md, if
 // it has the markers) is the one the declarations render, and
-// deploy/k8s/config.yaml (the ConfigMap's source) is config.yaml. make docs
+// deploy/k8s/base/config.yaml (the ConfigMap's source) is config.yaml. make docs
 // rewrites them.
 func TestConfigReferenceUpToDate(t *testing.T) {
 	const regenerate = "make docs (go test ./cmd/paysvc -run TestConfigReferenceUpToDate -args -update)"
@@ -544,7 +544,7 @@ func TestConfigReferenceUpToDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	check("../../deploy/k8s/config.yaml", string(repo))
+	check("../../deploy/k8s/base/config.yaml", string(repo))
 }
 
 // The reference names every key, its default and its variable, and the

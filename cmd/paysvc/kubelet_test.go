@@ -13,7 +13,7 @@ import (
 	"github.com/paysvc/paysvc/internal/testenv"
 )
 
-// podSecrets is what deploy/k8s/deployment.yaml says about the pod's user
+// podSecrets is what deploy/k8s/base/deployment.yaml says about the pod's user
 // and its Secret volume.
 type podSecrets struct {
 	uid, gid, fsGroup int // fsGroup -1: not set
@@ -22,7 +22,7 @@ type podSecrets struct {
 
 func readPodSecrets(t *testing.T) podSecrets {
 	t.Helper()
-	b, err := os.ReadFile("../../deploy/k8s/deployment.yaml")
+	b, err := os.ReadFile("../../deploy/k8s/base/deployment.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
