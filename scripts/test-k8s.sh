@@ -33,4 +33,6 @@ crds="$mod/example/prometheus-operator-crd"
 [ -d "$crds" ] || { echo "test-k8s: no $crds" >&2; exit 2; }
 
 (cd tools && $GO build -o ../bin/paykube ./paykube)
-bin/paykube -dir deploy/k8s -bin "$bins" -crds "$crds"
+# Its temporary directory (etcd's data, the keys, the logs) in ours, removed
+# on exit even if it is killed.
+TMPDIR="$scratch" bin/paykube -dir deploy/k8s -bin "$bins" -crds "$crds"

@@ -220,6 +220,16 @@ func (a *api) path(ctx context.Context, o object, ns string) (string, error) {
 // validation; dryRun: the server admits and validates it in full and
 // stores nothing.
 func (a *api) apply(ctx context.Context, o object, ns string, dryRun bool) (result, error) {
+	body, err := json.Marshal(o)
+	if err != nil {
+		return result{}, err
+	}
+	return a.applyBody(ctx, o, ns, dryRun, body)
+}
+
+// applyBody is apply with the request's body as given (the negative checks
+// send one with a duplicated field).
+func (a *api) applyBody(ctx context.Context, o object, ns string, dryRun bool, body []byte) (result, error) {
 	p, err := a.path(ctx, o, ns)
 	if err != nil {
 		return result{}, err
@@ -231,10 +241,6 @@ func (a *api) apply(ctx context.Context, o object, ns string, dryRun bool) (resu
 	}
 	if dryRun {
 		q.Set("dryRun", "All")
-	}
-	body, err := json.Marshal(o)
-	if err != nil {
-		return result{}, err
 	}
 	// JSON is YAML: the apply content type takes either.
 	return a.do(ctx, http.MethodPatch, p+"?"+q.Encode(), "application/apply-patch+yaml", body)

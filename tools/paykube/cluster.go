@@ -128,7 +128,7 @@ func freePorts(n int) ([]int, error) {
 }
 
 // startCluster starts etcd and kube-apiserver and waits until the API
-// server is ready, retrying on fresh ports when one of them fails to start.
+// server is ready, retrying on fresh ports when a port was taken meanwhile.
 func startCluster(ctx context.Context, etcdBin, apiBin string, timeout time.Duration) (*cluster, error) {
 	var last error
 	for attempt := 1; attempt <= 3; attempt++ {
@@ -137,7 +137,7 @@ func startCluster(ctx context.Context, etcdBin, apiBin string, timeout time.Dura
 			return c, nil
 		}
 		last = err
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || !strings.Contains(err.Error(), "address already in use") {
 			break
 		}
 		fmt.Fprintf(os.Stderr, "paykube: start failed (attempt %d): %v\n", attempt, err)
@@ -190,6 +190,9 @@ func startClusterOnce(ctx context.Context, etcdBin, apiBin string, timeout time.
 		"--etcd-servers", clientURL,
 		"--bind-address", "127.0.0.1",
 		"--advertise-address", "127.0.0.1",
+		// No Endpoints for the kubernetes Service: the reconciler refuses
+		// a loopback address, and nothing here would use them.
+		"--endpoint-reconciler-type", "none",
 		"--secure-port", strconv.Itoa(apiPort),
 		"--cert-dir", filepath.Join(dir, "certs"),
 		"--tls-cert-file", filepath.Join(dir, "server.crt"),
@@ -205,6 +208,10 @@ func startClusterOnce(ctx context.Context, etcdBin, apiBin string, timeout time.
 		// PodSecurity is on by default; named so that a change of the
 		// defaults cannot turn it off unnoticed (the negative checks would).
 		"--enable-admission-plugins", "NamespaceLifecycle,ServiceAccount,PodSecurity,LimitRanger,ResourceQuota",
+		// As clusters run (kubeadm, kind): privileged containers allowed
+		// by the server, so that refusing them is Pod Security's doing
+		// alone, which the negative checks look for.
+		"--allow-privileged=true",
 		"--profiling=false",
 		"--v=0",
 	)
