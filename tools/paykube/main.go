@@ -137,11 +137,14 @@ func (s *suite) run(ctx context.Context, dir, etcdBin, apiBin, crdDir string, ti
 	}
 	for _, b := range builds {
 		for _, o := range b.objects {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
 			s.check(ctx, b.target.label, o)
 		}
 	}
 	s.negative(ctx)
-	return nil
+	return ctx.Err()
 }
 
 // ensureNamespace creates the namespace, for real, enforcing (and warning
