@@ -231,7 +231,7 @@ func TestConfigKeysDeclared(t *testing.T) {
 		}
 		p := reflect.ValueOf(k.bind(&c))
 		switch p.Interface().(type) {
-		case *string, *int, *bool, *time.Duration, *[]time.Duration:
+		case *string, *int, *bool, *float64, *time.Duration, *[]time.Duration:
 		default:
 			t.Errorf("%s: binds a %s, which the decoder does not know", k.name, p.Type())
 			continue
@@ -319,6 +319,7 @@ func envSamples(t *testing.T) map[string]struct {
 		"reconcile.fix":                {"true", true, nil},
 		"reconcile.lostSweepRate":      {"500", 500, nil},
 		"trace.otlpEndpoint":           {"http://otel:4318/", "http://otel:4318", nil},
+		"trace.sampleRatio":            {"0.01", 0.01, nil},
 	}
 }
 
