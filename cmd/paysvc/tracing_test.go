@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/hex"
 	"io"
 	"net/http"
@@ -189,5 +190,62 @@ func TestTraceContextTravelsWithThePayment(t *testing.T) {
 		return s["name"] == "paysvc pay" && s["spanId"] == noticeParent.SpanIDHex() && s["parentSpanId"] == process["spanId"]
 	}) == nil {
 		t.Errorf("the notice's parent %s is not TR1's database span", noticeParent.SpanIDHex())
+	}
+}
+
+// At stop the daemon exports the spans still queued, after the consumer's
+// last one: with the batch processor's timer set beyond the test, the
+// message's span reaches the collector only through the stop's flush.
+// Not parallel: the timer is the SDK's OTEL_BSP_SCHEDULE_DELAY.
+func TestSpansAreExportedAtStop(t *testing.T) {
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")
+	w := newWorld(t)
+	col := &collector{}
+	srv := httptest.NewServer(col)
+	defer srv.Close()
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (41, 100.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('TS1', 41, 5.00)")
+	logs := &lockedBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	httpAddr := freeAddr(t)
+	go func() {
+		done <- run(ctx, []string{"run"}, w.env("PAYSVC_HTTP_ADDR="+httpAddr, "PAYSVC_TRACE_OTLPENDPOINT="+srv.URL), logs)
+	}()
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		resp, err := http.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}, "daemon never ready")
+
+	tc := tracing.New()
+	publishTraced(t, w.amqpURL, tc, payment("TS1", 41, "5.00"))
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		for _, e := range jsonLines(t, logs.String()) {
+			if e["order_no"] == "TS1" && e["msg"] == "message handled" {
+				return true
+			}
+		}
+		return false
+	}, "TS1 not handled")
+	ofTS1 := func(s map[string]any) bool { return s["traceId"] == tc.TraceIDHex() }
+	if col.find(ofTS1) != nil {
+		t.Fatal("TS1's span was exported before the stop: the test shows nothing")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("the daemon did not stop")
+	}
+	if col.find(ofTS1) == nil {
+		t.Errorf("TS1's span was not exported at stop\n%s", logs)
 	}
 }

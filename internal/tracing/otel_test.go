@@ -221,6 +221,26 @@ func TestSpansReachTheCollector(t *testing.T) {
 	}
 }
 
+// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win over what paysvc
+// says about itself.
+func TestResourceVariablesWin(t *testing.T) {
+	clean(t)
+	r := newReceiver(t)
+	t.Setenv("POD_NAME", "from-downward-api")
+	t.Setenv("OTEL_SERVICE_NAME", "paysvc-canary")
+	t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "k8s.pod.name=from-otel")
+	tr := start(t, Options{Endpoint: r.URL, SampleRatio: 1, Version: "1.2.3"})
+	tr.Start(Context{}, false, "s", KindConsumer, time.Now()).End("")
+	stop(t, tr)
+	got := r.spans()
+	if len(got) != 1 {
+		t.Fatalf("%d spans", len(got))
+	}
+	if res := got[0].resource; res["service.name"] != "paysvc-canary" || res["k8s.pod.name"] != "from-otel" || res["service.version"] != "1.2.3" {
+		t.Errorf("resource %v: want service.name paysvc-canary, k8s.pod.name from-otel, service.version 1.2.3", res)
+	}
+}
+
 // A traceparent whose sampled flag is 00 exports nothing, and the copies
 // paysvc sends on say 00 too; a sampled one beside it does arrive.
 func TestUnsampledParentExportsNothing(t *testing.T) {
