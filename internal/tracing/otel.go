@@ -113,6 +113,12 @@ func Start(ctx context.Context, o Options) (*Tracer, error) {
 		}
 		o.Log.Warn("trace resource: some attributes left out", zap.Error(err))
 	}
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"} {
+		if strings.TrimSpace(os.Getenv(name)) == "grpc" {
+			o.Log.Warn("paysvc exports spans over OTLP/HTTP only: "+name+"=grpc is sent as http/protobuf; point the endpoint at the collector's HTTP port (4318)",
+				zap.String("variable", name))
+		}
+	}
 	queue := envInt("OTEL_BSP_MAX_QUEUE_SIZE", sdktrace.DefaultMaxQueueSize)
 	var inFlight atomic.Int64
 	log := o.Log
