@@ -50,6 +50,31 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		}
 		defer health.shutdown()
 	}
+	// Spans (trace.otlpEndpoint or the OTEL_* variables), set up before
+	// any dependency: a sampler paysvc does not know stops it at once. What
+	// is queued is exported last, after the consumer's last span, within
+	// what is left of the drain bound counted from the stop.
+	spans, err := tracing.Start(ctx, tracing.Options{Endpoint: cfg.Trace.OTLPEndpoint, SampleRatio: cfg.Trace.SampleRatio,
+		Version: version, Log: log, Dropped: func(reason string, n int) { m.SpansDropped.WithLabelValues(reason).Add(float64(n)) }})
+	if err != nil {
+		return err
+	}
+	if spans != nil {
+		var stoppedAt atomic.Int64
+		stopWatch := context.AfterFunc(ctx, func() { stoppedAt.Store(time.Now().UnixNano()) })
+		defer func() {
+			stopWatch()
+			from := time.Now()
+			if at := stoppedAt.Load(); at != 0 {
+				from = time.Unix(0, at)
+			}
+			fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), from.Add(cfg.AMQP.DrainTimeout))
+			defer cancel()
+			if err := spans.Shutdown(fctx); err != nil {
+				log.Warn("spans not all exported at stop", zap.Error(err))
+			}
+		}()
+	}
 	health.stage("waiting for MySQL")
 	db, err := openMySQL(ctx, cfg, log)
 	if err != nil && ctx.Err() != nil {
@@ -112,30 +137,6 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	defer stopPipeline()
 	stopEvents := events.Start(eventRunners, eventMax)
 	defer stopEvents()
-	// Spans (trace.otlpEndpoint or the OTEL_* variables): what is queued
-	// is exported at the end, after the consumer's last span, within what
-	// is left of the drain bound counted from the stop.
-	spans, err := tracing.Start(ctx, tracing.Options{Endpoint: cfg.Trace.OTLPEndpoint, SampleRatio: cfg.Trace.SampleRatio,
-		Version: version, Log: log, Dropped: func(reason string, n int) { m.SpansDropped.WithLabelValues(reason).Add(float64(n)) }})
-	if err != nil {
-		return err
-	}
-	if spans != nil {
-		var stoppedAt atomic.Int64
-		stopWatch := context.AfterFunc(ctx, func() { stoppedAt.Store(time.Now().UnixNano()) })
-		defer func() {
-			stopWatch()
-			from := time.Now()
-			if at := stoppedAt.Load(); at != 0 {
-				from = time.Unix(0, at)
-			}
-			fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), from.Add(cfg.AMQP.DrainTimeout))
-			defer cancel()
-			if err := spans.Shutdown(fctx); err != nil {
-				log.Warn("spans not all exported at stop", zap.Error(err))
-			}
-		}()
-	}
 	consumer := listener.New(listener.Config{
 		URL:             cfg.AMQP.URL,
 		TLS:             amqpTLS,
