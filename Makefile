@@ -135,8 +135,21 @@ clean:
 # Throughput and latency against the real servers, with the ceilings measured
 # in the same run (a benchmark, not a test). Figures in docs/benchmarks.md.
 BENCHFLAGS ?= -n 20000 -rounds 5
+# make bench BENCH_TRACE=off,0.01,1 measures tracing's cost instead: the
+# daemon's CPU per 1,000 payments (its process's rusage) with tracing off
+# and at each sample ratio, spans to a local receiver that discards them,
+# BENCH_TRACE_N payments a run, BENCH_TRACE_ROUNDS rounds; then the
+# tracing work of one message alone (a Go benchmark, the process's CPU).
+BENCH_TRACE ?=
+BENCH_TRACE_N ?= 4000
+BENCH_TRACE_ROUNDS ?= 3
 bench: services
 	$(GO) build -o bin/paysvc ./cmd/paysvc
 	cd tools && $(GO) build -o ../bin/paybench ./paybench
+ifneq ($(BENCH_TRACE),)
+	bin/paybench -only trace -trace $(BENCH_TRACE) -n $(BENCH_TRACE_N) -rounds $(BENCH_TRACE_ROUNDS)
+	$(GO) test -run XXX -bench MessageSpans -benchtime 20000x -count 3 ./internal/tracing/
+else
 	bin/paybench $(BENCHFLAGS)
-	$(GO) test -run XXX -bench . -benchmem ./internal/listener/ ./internal/money/
+	$(GO) test -run XXX -bench . -benchmem ./internal/listener/ ./internal/money/ ./internal/tracing/
+endif

@@ -85,7 +85,10 @@ type Config struct {
 		Fix           bool
 		LostSweepRate int
 	}
-	Trace struct{ OTLPEndpoint string }
+	Trace struct {
+		OTLPEndpoint string
+		SampleRatio  float64
+	}
 	Prune struct {
 		OutboxAfter      time.Duration
 		EventsAfter      time.Duration
@@ -261,6 +264,26 @@ func (d *decoder) int(key string) int {
 	}
 }
 
+func (d *decoder) float(key string) float64 {
+	switch val := d.v.Get(key).(type) {
+	case float64:
+		return val
+	case int:
+		return float64(val)
+	case int64:
+		return float64(val)
+	case string:
+		f, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			d.fail(key, strconv.Quote(val), "a number")
+		}
+		return f
+	default:
+		d.fail(key, val, "a number")
+		return 0
+	}
+}
+
 func (d *decoder) duration(key string) time.Duration {
 	return d.parseDuration(key, d.v.Get(key))
 }
@@ -330,6 +353,8 @@ func (d *decoder) decode(k key, c *Config) {
 		*p = d.int(k.name)
 	case *bool:
 		*p = d.bool(k.name)
+	case *float64:
+		*p = d.float(k.name)
 	case *time.Duration:
 		*p = d.duration(k.name)
 	case *[]time.Duration:

@@ -27,7 +27,8 @@ type key struct {
 	// logged instead, with the password hidden.
 	redact func(string) string
 	// bind returns the field the key decodes into. Its type drives the
-	// decoding: *string, *int, *bool, *time.Duration or *[]time.Duration.
+	// decoding: *string, *int, *bool, *float64, *time.Duration or
+	// *[]time.Duration.
 	bind func(*Config) any
 	// norm, for a string, is applied to the decoded value (case, a
 	// trailing slash).
@@ -207,7 +208,17 @@ var keys = []key{
 	{name: "trace.otlpEndpoint", def: "", secret: true, norm: func(s string) string { return strings.TrimSuffix(s, "/") },
 		check: httpURL("want an http:// or https:// URL of an OTLP/HTTP collector, no query (e.g. http://otel-collector:4318)", true),
 		bind:  func(c *Config) any { return &c.Trace.OTLPEndpoint },
-		doc:   "OTLP/HTTP collector (`http://otel-collector:4318`): a span per message, with the database transaction as its child (JSON, POST `/v1/traces`); empty: off. Off or on, a message's W3C `traceparent` is carried into its log lines (`trace_id`), its retry and terminal copies, its notice and its dead letter"},
+		doc: "OTLP/HTTP collector (`http://otel-collector:4318`; spans go to its `/v1/traces`, protobuf): a CONSUMER span per message, " +
+			"with the database transaction as its child, through the OpenTelemetry SDK (batched; headers, compression, timeout and retries " +
+			"from the standard `OTEL_EXPORTER_OTLP_*` variables). Set, it wins over `OTEL_EXPORTER_OTLP_ENDPOINT` and " +
+			"`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`; empty: those variables decide, and with neither set spans are not exported. " +
+			"Off or on, a message's W3C `traceparent` is carried into its log lines (`trace_id`), its retry and terminal copies, " +
+			"its notice and its dead letter"},
+	{name: "trace.sampleRatio", def: "1", check: ratio,
+		bind: func(c *Config) any { return &c.Trace.SampleRatio },
+		doc: "0 to 1: the share of the traces paysvc starts (messages without a `traceparent`) whose spans are exported; a message " +
+			"with a `traceparent` follows its sampled flag (parent-based: `01` exported, `00` not). " +
+			"`OTEL_TRACES_SAMPLER` (with `OTEL_TRACES_SAMPLER_ARG`), if set, replaces it"},
 
 	{name: "prune.outboxAfter", def: "2160h", check: offOrAtLeast(time.Hour),
 		bind: func(c *Config) any { return &c.Prune.OutboxAfter },

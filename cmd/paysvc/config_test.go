@@ -240,7 +240,7 @@ func TestConfigKeysDeclared(t *testing.T) {
 		}
 		p := reflect.ValueOf(k.bind(&c))
 		switch p.Interface().(type) {
-		case *string, *int, *bool, *time.Duration, *[]time.Duration:
+		case *string, *int, *bool, *float64, *time.Duration, *[]time.Duration:
 		default:
 			t.Errorf("%s: binds a %s, which the decoder does not know", k.name, p.Type())
 			continue
@@ -338,6 +338,7 @@ func envSamples(t *testing.T) map[string]struct {
 		"prune.pause":                  {"0s", time.Duration(0), nil},
 		"prune.interval":               {"1h", time.Hour, nil},
 		"prune.dsn":                    {"pr:pw@tcp(db:3306)/paysvc", "pr:pw@tcp(db:3306)/paysvc", nil},
+		"trace.sampleRatio":            {"0.01", 0.01, nil},
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -45,6 +46,31 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	}
 	if health != nil {
 		defer health.shutdown()
+	}
+	// Spans (trace.otlpEndpoint or the OTEL_* variables), set up before
+	// any dependency: a sampler paysvc does not know stops it at once. What
+	// is queued is exported last, after the consumer's last span, within
+	// what is left of the drain bound counted from the stop.
+	spans, err := tracing.Start(ctx, tracing.Options{Endpoint: cfg.Trace.OTLPEndpoint, SampleRatio: cfg.Trace.SampleRatio,
+		Version: version, Log: log, Dropped: func(reason string, n int) { m.SpansDropped.WithLabelValues(reason).Add(float64(n)) }})
+	if err != nil {
+		return err
+	}
+	if spans != nil {
+		var stoppedAt atomic.Int64
+		stopWatch := context.AfterFunc(ctx, func() { stoppedAt.Store(time.Now().UnixNano()) })
+		defer func() {
+			stopWatch()
+			from := time.Now()
+			if at := stoppedAt.Load(); at != 0 {
+				from = time.Unix(0, at)
+			}
+			fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), from.Add(cfg.AMQP.DrainTimeout))
+			defer cancel()
+			if err := spans.Shutdown(fctx); err != nil {
+				log.Warn("spans not all exported at stop", zap.Error(err))
+			}
+		}()
 	}
 	health.stage("waiting for MySQL")
 	db, err := openMySQL(ctx, cfg, log)
@@ -108,13 +134,6 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	defer stopPipeline()
 	stopEvents := events.Start(eventRunners, eventMax)
 	defer stopEvents()
-	var spans *tracing.Exporter // nil: no export; the trace context still travels
-	if cfg.Trace.OTLPEndpoint != "" {
-		spans = tracing.NewExporter(cfg.Trace.OTLPEndpoint, log)
-		exportCtx, stopExport := context.WithCancel(context.WithoutCancel(ctx))
-		go spans.Run(exportCtx)
-		defer func() { stopExport(); spans.Wait() }() // after the consumer's last span
-	}
 	consumer := listener.New(listener.Config{
 		URL:             cfg.AMQP.URL,
 		TLS:             amqpTLS,

@@ -1,7 +1,8 @@
 package main
 
 import (
-	"encoding/json"
+	"context"
+	"encoding/hex"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,9 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/outbox"
@@ -17,34 +21,37 @@ import (
 	"github.com/paysvc/paysvc/internal/tracing"
 )
 
-// collector is an OTLP/HTTP endpoint that keeps the spans it is sent.
+// collector is an OTLP/HTTP endpoint (protobuf, as the SDK's exporter
+// sends) that keeps the spans it is sent, each as a map: traceId, spanId,
+// parentSpanId in hex, name, kind, attributes.
 type collector struct {
 	mu    sync.Mutex
 	spans []map[string]any
 }
 
 func (c *collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != "/v1/traces" || r.Header.Get("Content-Type") != "application/json" {
-		http.Error(w, "want POST /v1/traces, JSON", http.StatusBadRequest)
+	if r.URL.Path != "/v1/traces" || r.Header.Get("Content-Type") != "application/x-protobuf" {
+		http.Error(w, "want POST /v1/traces, protobuf", http.StatusBadRequest)
 		return
 	}
-	var body struct {
-		ResourceSpans []struct {
-			ScopeSpans []struct {
-				Spans []map[string]any `json:"spans"`
-			} `json:"scopeSpans"`
-		} `json:"resourceSpans"`
-	}
 	b, _ := io.ReadAll(r.Body)
-	if err := json.Unmarshal(b, &body); err != nil {
+	var req coltracepb.ExportTraceServiceRequest
+	if err := proto.Unmarshal(b, &req); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, rs := range body.ResourceSpans {
+	for _, rs := range req.ResourceSpans {
 		for _, ss := range rs.ScopeSpans {
-			c.spans = append(c.spans, ss.Spans...)
+			for _, s := range ss.Spans {
+				attrs := map[string]string{}
+				for _, kv := range s.Attributes {
+					attrs[kv.Key] = kv.Value.GetStringValue()
+				}
+				c.spans = append(c.spans, map[string]any{"traceId": hex.EncodeToString(s.TraceId), "spanId": hex.EncodeToString(s.SpanId),
+					"parentSpanId": hex.EncodeToString(s.ParentSpanId), "name": s.Name, "kind": s.Kind, "attributes": attrs})
+			}
 		}
 	}
 }
@@ -61,16 +68,8 @@ func (c *collector) find(match func(map[string]any) bool) map[string]any {
 }
 
 func attr(s map[string]any, key string) string {
-	as, _ := s["attributes"].([]any)
-	for _, a := range as {
-		m, _ := a.(map[string]any)
-		if m["key"] == key {
-			v, _ := m["value"].(map[string]any)
-			str, _ := v["stringValue"].(string)
-			return str
-		}
-	}
-	return ""
+	as, _ := s["attributes"].(map[string]string)
+	return as[key]
 }
 
 // publishTraced publishes a payment with a producer's traceparent.
@@ -177,7 +176,7 @@ func TestTraceContextTravelsWithThePayment(t *testing.T) {
 		})
 		return process != nil
 	}, "no span for TR1's message")
-	if process["parentSpanId"] != paid.SpanIDHex() || process["kind"] != float64(tracing.KindConsumer) {
+	if process["parentSpanId"] != paid.SpanIDHex() || process["kind"] != tracepb.Span_SPAN_KIND_CONSUMER {
 		t.Errorf("TR1's span: parent %v kind %v, want the producer's span %s and CONSUMER", process["parentSpanId"], process["kind"], paid.SpanIDHex())
 	}
 	testenv.Eventually(t, 15*time.Second, func() bool {
@@ -191,5 +190,62 @@ func TestTraceContextTravelsWithThePayment(t *testing.T) {
 		return s["name"] == "paysvc pay" && s["spanId"] == noticeParent.SpanIDHex() && s["parentSpanId"] == process["spanId"]
 	}) == nil {
 		t.Errorf("the notice's parent %s is not TR1's database span", noticeParent.SpanIDHex())
+	}
+}
+
+// At stop the daemon exports the spans still queued, after the consumer's
+// last one: with the batch processor's timer set beyond the test, the
+// message's span reaches the collector only through the stop's flush.
+// Not parallel: the timer is the SDK's OTEL_BSP_SCHEDULE_DELAY.
+func TestSpansAreExportedAtStop(t *testing.T) {
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")
+	w := newWorld(t)
+	col := &collector{}
+	srv := httptest.NewServer(col)
+	defer srv.Close()
+	w.db.MustExec("INSERT INTO t_account (user_id, balance) VALUES (41, 100.00)")
+	w.db.MustExec("INSERT INTO t_order (order_no, user_id, amount) VALUES ('TS1', 41, 5.00)")
+	logs := &lockedBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	httpAddr := freeAddr(t)
+	go func() {
+		done <- run(ctx, []string{"run"}, w.env("PAYSVC_HTTP_ADDR="+httpAddr, "PAYSVC_TRACE_OTLPENDPOINT="+srv.URL), logs)
+	}()
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		resp, err := http.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}, "daemon never ready")
+
+	tc := tracing.New()
+	publishTraced(t, w.amqpURL, tc, payment("TS1", 41, "5.00"))
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		for _, e := range jsonLines(t, logs.String()) {
+			if e["order_no"] == "TS1" && e["msg"] == "message handled" {
+				return true
+			}
+		}
+		return false
+	}, "TS1 not handled")
+	ofTS1 := func(s map[string]any) bool { return s["traceId"] == tc.TraceIDHex() }
+	if col.find(ofTS1) != nil {
+		t.Fatal("TS1's span was exported before the stop: the test shows nothing")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("the daemon did not stop")
+	}
+	if col.find(ofTS1) == nil {
+		t.Errorf("TS1's span was not exported at stop\n%s", logs)
 	}
 }

@@ -98,6 +98,13 @@ func between(lo, hi int) func(any, badFunc) {
 	})
 }
 
+// ratio wants a number from 0 to 1.
+var ratio = checkOf(func(f float64, bad badFunc) {
+	if !(f >= 0 && f <= 1) {
+		bad("want a number from 0 to 1, got %g", f)
+	}
+})
+
 func atLeast(lo int) func(any, badFunc) {
 	return checkOf(func(n int, bad badFunc) {
 		if n < lo {

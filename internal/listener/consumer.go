@@ -58,8 +58,9 @@ type Config struct {
 	Metrics *metrics.Metrics // nil: an unregistered set
 	Events  *trace.Recorder  // nil: outcomes are only logged
 	// Spans, if not nil, exports a span per message and one for its
-	// database transaction (trace.otlpEndpoint).
-	Spans *tracing.Exporter
+	// database transaction (trace.otlpEndpoint); nil, the trace context
+	// still travels.
+	Spans *tracing.Tracer
 	// FirstLog logs the line of each applied payment (FIRST), which may be
 	// sampled (logging.Sampled); nil: the consumer's logger. Every other
 	// outcome and every error is logged in full.

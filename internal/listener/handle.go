@@ -7,6 +7,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
 	"go.uber.org/zap"
 
 	"github.com/paysvc/paysvc/internal/fault"
@@ -40,7 +41,7 @@ const redisSkip = 5 * time.Second
 
 // handle decides one delivery: decode, claim, pay, mark. A panic becomes a
 // terminal outcome.
-func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Context, log *zap.Logger) (out outcome) {
+func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Span, log *zap.Logger) (out outcome) {
 	var cs claimState
 	held := false // a claim this call must still mark done or release
 	defer func() {
@@ -114,14 +115,12 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Con
 
 	// The database transaction is a child span of the message's; the
 	// notice it writes carries it as its parent.
-	db := span.Child()
-	p.Trace = db.String()
-	payStart := time.Now()
+	db := c.cfg.Spans.Child(span, "paysvc pay", tracing.KindClient, time.Now())
+	p.Trace = db.Context.String()
 	err = c.payer.Pay(ctx, p)
-	if c.cfg.Spans != nil {
-		c.cfg.Spans.Export(tracing.Span{Context: db, Parent: span.SpanID, Name: "paysvc pay", Kind: tracing.KindClient,
-			Start: payStart, End: time.Now(), Attrs: map[string]string{"db.system": "mysql", "paysvc.order_no": p.OrderNo},
-			Err: errText(err)})
+	if db.Recording() {
+		db.SetAttributes(attribute.String("db.system", "mysql"), attribute.String("paysvc.order_no", p.OrderNo))
+		db.End(errText(err))
 	}
 	kind, _ := classify(err)
 	if err == nil {

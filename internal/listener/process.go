@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
 	"go.uber.org/zap"
 
 	"github.com/paysvc/paysvc/internal/broker"
@@ -33,10 +34,8 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 	// root of a new trace. Every log line of the message carries its trace
 	// id; every copy paysvc publishes of it carries the span as parent.
 	in, traced := tracing.FromHeaders(d.Headers)
-	if !traced {
-		in = tracing.New()
-	}
-	span := in.Child()
+	msgSpan := c.cfg.Spans.Start(in, traced, MainQueue+" process", tracing.KindConsumer, start)
+	span := msgSpan.Context
 	traceID := zap.String("trace_id", span.TraceIDHex())
 	log := c.log.With(traceID)
 	var out outcome
@@ -54,7 +53,7 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 				break
 			}
 		}
-		out = c.handle(ctx, d, span, log)
+		out = c.handle(ctx, d, msgSpan, log)
 		unknown = unknown || out.class == ClassCommitUnknown
 		if out.kind != Unavailable || fault.Mutated("park_unavailable") {
 			break
@@ -154,11 +153,11 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 		}
 		cancel()
 	}
-	if c.cfg.Spans != nil {
-		c.cfg.Spans.Export(tracing.Span{Context: span, Parent: parentOf(in, traced), Name: MainQueue + " process", Kind: tracing.KindConsumer,
-			Start: start, End: time.Now(), Err: errText(a.err), Attrs: map[string]string{
-				"messaging.system": "rabbitmq", "messaging.destination.name": MainQueue, "messaging.operation": "process",
-				"paysvc.order_no": out.orderNo, "paysvc.result": result.String(), "paysvc.error_class": string(out.class)}})
+	if msgSpan.Recording() {
+		msgSpan.SetAttributes(attribute.String("messaging.system", "rabbitmq"), attribute.String("messaging.destination.name", MainQueue),
+			attribute.String("messaging.operation", "process"), attribute.String("paysvc.order_no", out.orderNo),
+			attribute.String("paysvc.result", result.String()), attribute.String("paysvc.error_class", string(out.class)))
+		msgSpan.End(errText(a.err))
 	}
 	if brokerErr != nil {
 		// The channel is gone; the broker redelivers and the guards find the
@@ -356,15 +355,6 @@ func (c *Consumer) committedBy(ctx context.Context, orderNo string, span tracing
 	}
 	in, ok := tracing.Parse(tp)
 	return ok && in.TraceID == span.TraceID
-}
-
-// parentOf is the parent span id of a message's span: the producer's span,
-// or none when the message came without a trace.
-func parentOf(in tracing.Context, traced bool) [8]byte {
-	if !traced {
-		return [8]byte{}
-	}
-	return in.SpanID
 }
 
 func errText(err error) string {

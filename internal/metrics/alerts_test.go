@@ -41,7 +41,9 @@ func TestAlertRules(t *testing.T) {
 		f.Groups = append(f.Groups, one.Groups...)
 	}
 	exported := map[string]bool{}
-	families, err := New().Registry.Gather()
+	m := New()
+	m.SetBuild("1.0.0", "abc") // paysvc_build_info has a series once the daemon sets it
+	families, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,13 +82,13 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 	for alert, want := range map[string]string{
-		"PaysvcTerminalMessages":         "max(paysvc_terminal_pending) > 0 for 5m warning",
-		"PaysvcTerminalMessagesCritical": "max(paysvc_terminal_pending) > 100 for  critical",
+		"PaysvcTerminalMessages":         "max by (namespace, job) (paysvc_terminal_pending) > 0 for 5m warning",
+		"PaysvcTerminalMessagesCritical": "max by (namespace, job) (paysvc_terminal_pending) > 100 for  critical",
 		"PaysvcDuplicateRatioHigh":       `> 0.3 for 10m warning`,
 		"PaysvcDegraded":                 "paysvc_degraded) > 0",
 		"PaysvcNotReady":                 "paysvc_ready) == 0",
-		"PaysvcRetryCopiesOverdue":       "max(paysvc_retry_copies_overdue) > 0 for 5m critical",
-		"PaysvcPaymentsLost":             "max(paysvc_lost_payments) > 0 for  critical",
+		"PaysvcRetryCopiesOverdue":       "max by (namespace, job) (paysvc_retry_copies_overdue) > 0 for 5m critical",
+		"PaysvcPaymentsLost":             "max by (namespace, job) (paysvc_lost_payments) > 0 for  critical",
 	} {
 		if !strings.Contains(exprs[alert], want) {
 			t.Errorf("%s: %q, want it to contain %q", alert, exprs[alert], want)

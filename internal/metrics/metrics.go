@@ -47,10 +47,11 @@ type Metrics struct {
 	PrunedRows         *prometheus.CounterVec // table
 	PruneLastRun       prometheus.Gauge
 	AlertFailures      prometheus.Counter
-	Held               *prometheus.GaugeVec // dependency: redis, mysql, other, broker (a copy the broker blocks or refuses)
-	DeadLettersClass   *prometheus.GaugeVec // class
-	BrokerBlocked      *prometheus.GaugeVec // component: consumer (its retry and terminal copies), outbox
-	BuildInfo          *prometheus.GaugeVec // version, revision, goversion: SetBuild
+	SpansDropped       *prometheus.CounterVec // reason: queue_full, export_failed
+	Held               *prometheus.GaugeVec   // dependency: redis, mysql, other, broker (a copy the broker blocks or refuses)
+	DeadLettersClass   *prometheus.GaugeVec   // class
+	BrokerBlocked      *prometheus.GaugeVec   // component: consumer (its retry and terminal copies), outbox
+	BuildInfo          *prometheus.GaugeVec   // version, revision, goversion: SetBuild
 
 	own []prometheus.Collector
 }
@@ -167,6 +168,10 @@ func New() *Metrics {
 			Name: "paysvc_dead_letters_new_by_class", Help: "Dead letters in status NEW, by error class."}, []string{"class"}),
 		AlertFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paysvc_alert_webhook_failures_total", Help: "Rounds of dead-letter alerts the webhook refused or did not answer."}),
+		SpansDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paysvc_trace_spans_dropped_total",
+			Help: "Sampled spans that never reached the OTLP collector: queue_full (the export queue was full when the span ended), export_failed (the collector refused the batch or did not answer, retries included)."},
+			[]string{"reason"}),
 		BrokerBlocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "paysvc_broker_blocked",
 			Help: "1 while the broker blocks a connection paysvc publishes on (a memory or disk alarm): consumer (retry and terminal copies; the messages that need one are held), outbox (notices)."},
@@ -179,7 +184,7 @@ func New() *Metrics {
 	m.own = []prometheus.Collector{m.Messages, m.Errors, m.Duration, m.GroupSize, m.TxRetries, m.HeldLocked, m.Disagreements, m.Degraded, m.Ready, m.Reconnects,
 		m.Pauses, m.Failovers, m.Paused, m.PauseReason, m.RequeuedAlone, m.RetryCopiesMoved, m.RetryCopiesHeld, m.RetryCopiesOverdue, m.ParkFallbacks,
 		m.QueueMessages, m.QueueOldestAge, m.TerminalPending, m.DeadLettersNew, m.OutboxPending, m.OutboxOldestAge, m.ReconcileProblems,
-		m.ReconcileLastRun, m.LostPayments, m.PrunedRows, m.PruneLastRun, m.AlertFailures, m.Held, m.DeadLettersClass, m.BrokerBlocked, m.BuildInfo}
+		m.ReconcileLastRun, m.LostPayments, m.PrunedRows, m.PruneLastRun, m.AlertFailures, m.SpansDropped, m.Held, m.DeadLettersClass, m.BrokerBlocked, m.BuildInfo}
 	r.MustRegister(m.own...)
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every known series from the start, at 0: an alert on increase() sees
@@ -201,6 +206,9 @@ func New() *Metrics {
 	}
 	for _, table := range []string{"t_outbox", "t_payment_event", "t_admin_session", "t_dead_letter"} {
 		m.PrunedRows.WithLabelValues(table)
+	}
+	for _, r := range []string{"queue_full", "export_failed"} {
+		m.SpansDropped.WithLabelValues(r)
 	}
 	// The ages the monitor samples (listener.MainQueue, TerminalQueue; the
 	// wait queues', named by the configured delays, on its first sample).

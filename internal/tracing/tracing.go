@@ -2,7 +2,7 @@
 // a payment message into its log lines, the copies paysvc publishes of it
 // (retries, the terminal queue), its notice and its dead letter; and, when
 // an OTLP endpoint is configured, exports a span per message with the
-// database transaction as its child (exporter.go).
+// database transaction as its child through the OpenTelemetry SDK (otel.go).
 package tracing
 
 import (

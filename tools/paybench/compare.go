@@ -24,6 +24,10 @@ type measured struct {
 	rate           float64 // messages per second
 	cost           cpuCost
 	db             string // MariaDB's counters per payment
+	// lifeCPU, for the daemon, is its process's user+system CPU from
+	// start to exit (rusage after the wait): start-up, the drain and the
+	// stop, the last span export among it.
+	lifeCPU time.Duration
 }
 
 // preloaded makes a bed with n fresh orders and their messages (a share
@@ -151,7 +155,11 @@ func measureDaemon(ctx context.Context, o *options, n int, hot float64, extraEnv
 		return measured{}, err
 	}
 	failed := true
-	defer func() { d.stop(failed) }()
+	defer func() {
+		if d.cmd.ProcessState == nil {
+			d.stop(failed)
+		}
+	}()
 	deadline := time.Now().Add(time.Duration(msgs/20+60) * time.Second)
 	nextReport := msgs / 10
 	for {
@@ -187,6 +195,10 @@ func measureDaemon(ctx context.Context, o *options, n int, hot float64, extraEnv
 		return m, fmt.Errorf("paysvc: %d of %d orders paid (log %s)", paid, n, d.logPath)
 	}
 	failed = false
+	d.stop(false)
+	if ps := d.cmd.ProcessState; ps != nil {
+		m.lifeCPU = ps.UserTime() + ps.SystemTime()
+	}
 	return m, nil
 }
 

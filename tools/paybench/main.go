@@ -12,6 +12,11 @@
 //   - hot accounts: every payment on 10 users;
 //   - open loop at half the measured peak: latency from publish to payment.
 //
+// -only trace (never part of a default run; make bench BENCH_TRACE=...)
+// drains payments with the daemon with tracing off and at each sample
+// ratio of -trace, spans to a local receiver that discards them, and
+// reports the daemon's CPU per 1,000 payments.
+//
 // -only pairs (never part of a default run) compares a setting's latency
 // at half the peak in paired open loops, the only comparison this machine's
 // weather allows.
@@ -69,7 +74,9 @@ func main() {
 	flag.Float64Var(&o.dup, "dup", 0.1, "share of payments published twice")
 	only := flag.String("only", "", "comma-separated phases: compare,ceilings,grouped,default,article,hot,open; "+
 		"and, only when named, pairs (paired open loops, -paysvc-env's settings against -pair-env's) and "+
-		"daemon (one drain of -n payments by the paysvc daemon; with -heap-trace its heap, RSS and goroutines every 10%)")
+		"daemon (one drain of -n payments by the paysvc daemon; with -heap-trace its heap, RSS and goroutines every 10%), "+
+		"trace (the daemon's CPU per 1,000 payments for each of -trace's modes)")
+	traceFlag := flag.String("trace", "off,0.01,1", "-only trace: off and sample ratios (trace.sampleRatio) to measure, spans to a local receiver that discards them")
 	flag.StringVar(&o.paysvcBinary, "paysvc", "bin/paysvc", "the paysvc binary the compare phase runs")
 	flag.Func("paysvc-env", "KEY=VALUE for the compare phase's daemon, e.g. PAYSVC_MYSQL_GROUPSIZE=32 (repeatable; the targets are on the defaults)",
 		func(s string) error {
@@ -120,6 +127,15 @@ func main() {
 
 	if strings.Contains(","+*only+",", ",pairs,") {
 		if err := pairs(ctx, o, *rounds, pairEnv, *pairBinary); err != nil {
+			fail(err)
+		}
+	}
+	if strings.Contains(","+*only+",", ",trace,") {
+		modes, err := traceModes(*traceFlag)
+		if err != nil {
+			fail(err)
+		}
+		if err := traceCost(ctx, o, modes, *rounds, row); err != nil {
 			fail(err)
 		}
 	}
