@@ -84,7 +84,7 @@ test-tidb: services test-tools
 # first build about 10 CPU-minutes (19 minutes on this shared 2-core
 # machine), 2.9 GB of memory at its peak, 3 GB of Go build cache; a
 # rebuild with that cache 13 s. A run with them built: about 5 s, 400 MB.
-# Not in CI; docs/testing.md.
+# In CI (.ci/run), after make test; docs/testing.md.
 test-k8s:
 	scripts/test-k8s.sh
 

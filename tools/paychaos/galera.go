@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -41,9 +40,9 @@ import (
 // to one node. The nodes run as the mysql user (rsync state transfer
 // refuses root). A state transfer can be held: rsync, as the donor runs it
 // once it holds its global read lock, waits while sst-hold exists (the
-// donor stays Donor/Desynced with writes blocked), and a node's incremental
-// state transfer can be delayed (the joiner's port is open, its
-// wsrep_ready OFF: 1047 to every statement on a table).
+// donor stays Donor/Desynced with writes blocked). A node that rejoins by
+// incremental state transfer opens its port before it has applied what it
+// missed (its wsrep_ready OFF: 1047 to every statement on a table).
 type galera struct {
 	dir    string
 	uid    int
@@ -63,12 +62,11 @@ type galeraNode struct {
 	name   string // n1
 	port   int    // SQL
 	gcomm  int    // group communication
-	ist    int    // incremental state transfer, as advertised (istFwd)
+	ist    int    // incremental state transfer
 	sst    int    // rsync state transfer
 	check  int    // HTTP health check: 200 while Synced
 	dir    string
 	cmd    *exec.Cmd
-	fwd    *istForwarder
 	db     *sql.DB // root, for the suite's looks and faults
 	starts int     // starts since the scenario's baseline
 }
@@ -119,13 +117,6 @@ func startGalera(ctx context.Context, dir string, spawn func(*exec.Cmd, string) 
 			if *p, err = freePort(); err != nil {
 				return g, err
 			}
-		}
-		bind, err := freePort()
-		if err != nil {
-			return g, err
-		}
-		if n.fwd, err = newISTForwarder(n.ist, bind); err != nil {
-			return g, err
 		}
 		if err := os.MkdirAll(filepath.Join(n.dir, "data"), 0o755); err != nil {
 			return g, err
@@ -191,9 +182,9 @@ func (g *galera) launch(i int, extra ...string) error {
 	}
 	// Failure detection in seconds, not the default 5 to 15: a node cut
 	// off leaves the primary component within the scenario.
-	provider := fmt.Sprintf("gmcast.listen_addr=tcp://127.0.0.1:%d;ist.recv_addr=127.0.0.1:%d;ist.recv_bind=127.0.0.1:%d;"+
+	provider := fmt.Sprintf("gmcast.listen_addr=tcp://127.0.0.1:%d;ist.recv_addr=127.0.0.1:%d;"+
 		"gcache.size=128M;evs.keepalive_period=PT0.5S;evs.suspect_timeout=PT2S;evs.inactive_timeout=PT4S;"+
-		"evs.inactive_check_period=PT0.5S;evs.install_timeout=PT4S", n.gcomm, n.ist, n.fwd.upstream)
+		"evs.inactive_check_period=PT0.5S;evs.install_timeout=PT4S", n.gcomm, n.ist)
 	args := append([]string{"--no-defaults", "--datadir=" + filepath.Join(n.dir, "data"),
 		"--port=" + strconv.Itoa(n.port), "--bind-address=127.0.0.1", "--socket=" + filepath.Join(n.dir, "sock"),
 		"--pid-file=" + filepath.Join(n.dir, "pid"), "--log-error=" + filepath.Join(n.dir, "error.log"),
@@ -469,7 +460,6 @@ func (g *galera) heal(ctx context.Context) error {
 		return err
 	}
 	for i, n := range g.nodes {
-		n.fwd.hold.Store(0)
 		if n.cmd == nil {
 			if err := g.start(ctx, i); err != nil {
 				return err
@@ -513,55 +503,8 @@ func (g *galera) close() {
 		if n.db != nil {
 			n.db.Close()
 		}
-		if n.fwd != nil {
-			n.fwd.close()
-		}
 	}
 }
-
-// istForwarder stands between a joiner's advertised incremental state
-// transfer address and the one it listens on, so that a transfer can be
-// held: the joiner stays Joining, its port open, for hold.
-type istForwarder struct {
-	ln       net.Listener
-	upstream int
-	hold     atomic.Int64 // nanoseconds each new transfer waits
-	wg       sync.WaitGroup
-}
-
-func newISTForwarder(port, upstream int) (*istForwarder, error) {
-	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-	if err != nil {
-		return nil, err
-	}
-	f := &istForwarder{ln: ln, upstream: upstream}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go f.pipe(c)
-		}
-	}()
-	return f, nil
-}
-
-func (f *istForwarder) pipe(c net.Conn) {
-	defer c.Close()
-	time.Sleep(time.Duration(f.hold.Load()))
-	up, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", f.upstream))
-	if err != nil {
-		return
-	}
-	defer up.Close()
-	done := make(chan struct{}, 2)
-	go func() { io.Copy(up, c); done <- struct{}{} }()
-	go func() { io.Copy(c, up); done <- struct{}{} }()
-	<-done
-}
-
-func (f *istForwarder) close() { f.ln.Close() }
 
 // galeraSuite starts the Galera cluster on first use, once.
 type galeraSuite struct {
