@@ -26,7 +26,16 @@ type largeOptions struct {
 	hotShare     float64 // share of the payments on the hot fifth of the users
 	rounds       int
 	openSeconds  int
+	kinds, dbs   string // comma-separated filters: paysvc,ref,batched; small,large
 }
+
+// wants says whether the filter list (empty: everything) names x.
+func wants(list, x string) bool {
+	return list == "" || strings.Contains(","+list+",", ","+x+",")
+}
+
+// kindFlag is each consumer's name in -large-kinds.
+var kindFlag = map[string]string{kindPaysvc: "paysvc", kindRef: "ref", kindRefB10: "batched"}
 
 // The consumers -only large compares, on the same data and schema.
 const (
@@ -109,15 +118,15 @@ func (b *bed) closeShared() {
 }
 
 // marks are the tables' highest ids before a drain: what it added is above.
-type marks struct{ flow, outbox, event int64 }
+type marks struct{ Flow, Outbox, Event int64 }
 
 var markedTables = []struct {
 	table string
 	field func(*marks) *int64
 }{
-	{"t_account_flow", func(m *marks) *int64 { return &m.flow }},
-	{"t_outbox", func(m *marks) *int64 { return &m.outbox }},
-	{"t_payment_event", func(m *marks) *int64 { return &m.event }},
+	{"t_account_flow", func(m *marks) *int64 { return &m.Flow }},
+	{"t_outbox", func(m *marks) *int64 { return &m.Outbox }},
+	{"t_payment_event", func(m *marks) *int64 { return &m.Event }},
 }
 
 func readMarks(ctx context.Context, db *sqlx.DB) (marks, error) {
@@ -160,6 +169,65 @@ func restore(ctx context.Context, db *sqlx.DB, pays []payment, m marks) error {
 	return nil
 }
 
+// The journal: a drain's orders and marks, written before it pays and
+// cleared after its restore, so that a run cut half way (an interrupt, a
+// crash) is restored by the next one (recoverSeed) instead of leaving
+// INIT orders paid.
+const journalDDL = `CREATE TABLE IF NOT EXISTS bench_journal (order_no VARCHAR(64) NOT NULL PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS bench_journal_marks (flow BIGINT NOT NULL, outbox BIGINT NOT NULL, event BIGINT NOT NULL)`
+
+func journal(ctx context.Context, db *sqlx.DB, pays []payment, m marks) error {
+	if _, err := db.ExecContext(ctx, journalDDL); err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, "DELETE FROM bench_journal_marks; INSERT INTO bench_journal_marks VALUES (?, ?, ?)", m.Flow, m.Outbox, m.Event); err != nil {
+		return err
+	}
+	for lo := 0; lo < len(pays); lo += 1000 {
+		part := pays[lo:min(lo+1000, len(pays))]
+		vals := make([]string, len(part))
+		for i, p := range part {
+			vals[i] = "('" + p.orderNo + "')"
+		}
+		if _, err := db.ExecContext(ctx, "INSERT IGNORE INTO bench_journal VALUES "+strings.Join(vals, ",")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func clearJournal(ctx context.Context, db *sqlx.DB) error {
+	_, err := db.ExecContext(ctx, "DELETE FROM bench_journal_marks; DELETE FROM bench_journal")
+	return err
+}
+
+// recoverSeed restores what a cut run left in the journal.
+func recoverSeed(ctx context.Context, db *sqlx.DB, s shape) (int, error) {
+	if _, err := db.ExecContext(ctx, journalDDL); err != nil {
+		return 0, err
+	}
+	var ms []marks
+	if err := db.SelectContext(ctx, &ms, "SELECT flow, outbox, event FROM bench_journal_marks"); err != nil || len(ms) == 0 {
+		return 0, err
+	}
+	var nos []string
+	if err := db.SelectContext(ctx, &nos, "SELECT order_no FROM bench_journal"); err != nil {
+		return 0, err
+	}
+	pays := make([]payment, 0, len(nos))
+	for _, no := range nos {
+		var i int64
+		if _, err := fmt.Sscanf(no, "L%d", &i); err != nil {
+			return 0, fmt.Errorf("journal: order %q: %w", no, err)
+		}
+		pays = append(pays, payment{orderNo: no, user: s.user(i), amount: s.amount(i)})
+	}
+	if err := restore(ctx, db, pays, ms[0]); err != nil {
+		return 0, err
+	}
+	return len(pays), clearJournal(ctx, db)
+}
+
 // paidCount counts the orders of pays that are PAID.
 func paidCount(ctx context.Context, db *sqlx.DB, pays []payment) (int, error) {
 	total := 0
@@ -178,12 +246,12 @@ func paidCount(ctx context.Context, db *sqlx.DB, pays []payment) (int, error) {
 	return total, nil
 }
 
-// settle waits (at most a minute each) until InnoDB has purged what the
+// settle waits (at most 20 s each) until InnoDB has purged what the
 // restore deleted and checkpointed most of its redo, so that one drain's
 // clean-up is not charged to the next: both are background page reads
 // and writes that the global counters would count.
 func settle(ctx context.Context, db *sqlx.DB) {
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		var h int64
 		if db.GetContext(ctx, &h, "SELECT `count` FROM information_schema.innodb_metrics WHERE name = 'trx_rseg_history_len'") != nil || h < 2000 {
@@ -191,7 +259,7 @@ func settle(ctx context.Context, db *sqlx.DB) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	deadline = time.Now().Add(60 * time.Second)
+	deadline = time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		var name string
 		var age, maxAge int64
@@ -247,10 +315,16 @@ func drainOn(ctx context.Context, o *options, db *sqlx.DB, dsn, dbName, mix, kin
 	if err != nil {
 		return r, err
 	}
+	if err := journal(ctx, db, pays, m); err != nil {
+		return r, err
+	}
 	defer func() {
-		if err := restore(context.WithoutCancel(ctx), db, pays, m); err != nil {
-			fmt.Fprintf(os.Stderr, "paybench: %v (drop the database with make bench-large-drop)\n", err)
+		rctx := context.WithoutCancel(ctx)
+		if err := restore(rctx, db, pays, m); err != nil {
+			fmt.Fprintf(os.Stderr, "paybench: %v (the next run restores the journal)\n", err)
+			return
 		}
+		clearJournal(rctx, db)
 	}()
 	settle(ctx, db)
 	status0 := dbStatus(ctx, db)
@@ -338,9 +412,15 @@ func openOn(ctx context.Context, o *options, db *sqlx.DB, dsn string, s shape, r
 	if err != nil {
 		return lat, err
 	}
+	if err = journal(ctx, db, pays, m); err != nil {
+		return lat, err
+	}
 	defer func() {
-		if rerr := restore(context.WithoutCancel(ctx), db, pays, m); rerr != nil && err == nil {
+		rctx := context.WithoutCancel(ctx)
+		if rerr := restore(rctx, db, pays, m); rerr != nil && err == nil {
 			err = rerr
+		} else if rerr == nil {
+			clearJournal(rctx, db)
 		}
 	}()
 	settle(ctx, db)
@@ -436,17 +516,28 @@ func large(ctx context.Context, o *options, lo largeOptions) error {
 	}
 	var dbs []seeded
 	for _, s := range []shape{lo.small, lo.large} {
+		if !wants(lo.dbs, map[bool]string{true: "small", false: "large"}[s == lo.small]) {
+			continue
+		}
 		db, dsn, info, err := openSeeded(ctx, o.mysqlDSN, s, say)
 		if err != nil {
 			return err
 		}
 		defer db.Close()
+		if n, err := recoverSeed(ctx, db, s); err != nil {
+			return fmt.Errorf("%s: restore a cut run's journal: %w", s.DB, err)
+		} else if n > 0 {
+			say(fmt.Sprintf("%s: restored the %d orders of a cut run", s.DB, n))
+		}
 		fp, err := footprint(ctx, db, s.DB)
 		if err != nil {
 			return err
 		}
 		say(fmt.Sprintf("%s; seeded %s UTC in %.0f s; %s", s, info.at.Format("2006-01-02 15:04"), info.seconds, fp))
 		dbs = append(dbs, seeded{s, db, dsn})
+	}
+	if len(dbs) == 0 {
+		return fmt.Errorf("-large-dbs %q names neither small nor large", lo.dbs)
 	}
 	var pool int64
 	dbs[0].db.GetContext(ctx, &pool, "SELECT @@innodb_buffer_pool_size")
@@ -464,6 +555,9 @@ func large(ctx context.Context, o *options, lo largeOptions) error {
 		for _, mix := range mixes {
 			for _, sd := range dbs {
 				for _, kind := range kinds {
+					if !wants(lo.kinds, kindFlag[kind]) {
+						continue
+					}
 					pays := drawPayments(sd.s, lo.n, mix.share)
 					r, err := drainOn(ctx, o, sd.db, sd.dsn, sd.s.DB, mix.name, kind, pays)
 					if err != nil {
@@ -478,6 +572,9 @@ func large(ctx context.Context, o *options, lo largeOptions) error {
 	// The open loops: paysvc at half its (median) uniform rate, per database.
 	p99 := map[string]latencies{}
 	for _, sd := range dbs {
+		if !wants(lo.kinds, "paysvc") || lo.openSeconds == 0 {
+			break
+		}
 		peak := medianOf(results, sd.s.DB, "uniform", kindPaysvc, func(r sized) float64 { return r.rate })
 		lat, err := openOn(ctx, o, sd.db, sd.dsn, sd.s, peak/2, time.Duration(lo.openSeconds)*time.Second)
 		if err != nil {

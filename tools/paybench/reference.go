@@ -157,8 +157,8 @@ func (r *reference) payIn(ctx context.Context, tx *sql.Tx, m referenceMessage) e
 }
 
 // runReferenceBatched drains n messages with the reference's batched
-// variant: the same consumer, but each goroutine takes what is waiting, up
-// to batch deliveries (never waiting for more), claims them in one Redis
+// variant: the same consumer, but one reader takes what is waiting, up to
+// batch deliveries (never waiting for more), and a goroutine of N claims them in one Redis
 // pipeline (SET NX EX each), applies the fresh ones in one transaction
 // (the same three statements per payment, one round trip each, in (user,
 // order) order so that two batches never wait on each other in a cycle),
@@ -197,26 +197,47 @@ func runReferenceBatched(ctx context.Context, b *bed, o *options, workers, prefe
 	if err != nil {
 		return err
 	}
+	// One reader forms the batches: it gathers deliveries, up to batch,
+	// while every goroutine is busy, and hands what it has to the first
+	// free one (never waiting for more). Goroutines each taking from the
+	// deliveries themselves, or a reader that forms a batch before a
+	// goroutine is free, make batches of about one.
+	batches := make(chan []amqp.Delivery)
+	go func() {
+		defer close(batches)
+		var ds []amqp.Delivery
+		for {
+			if len(ds) == 0 {
+				d, ok := <-deliveries
+				if !ok {
+					return
+				}
+				ds = append(ds, d)
+			}
+			if len(ds) == batch {
+				batches <- ds
+				ds = nil
+				continue
+			}
+			select {
+			case batches <- ds:
+				ds = nil
+			case d, ok := <-deliveries:
+				if !ok {
+					batches <- ds
+					return
+				}
+				ds = append(ds, d)
+			}
+		}
+	}()
 	var mu sync.Mutex
 	acked := 0
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
-			for d := range deliveries {
-				ds := []amqp.Delivery{d}
-			more:
-				for len(ds) < batch {
-					select {
-					case d, ok := <-deliveries:
-						if !ok {
-							break more
-						}
-						ds = append(ds, d)
-					default:
-						break more
-					}
-				}
+			for ds := range batches {
 				if k := r.handleBatch(ctx, ds); k > 0 {
 					mu.Lock()
 					if acked < n && acked+k >= n {
