@@ -145,7 +145,7 @@ bench: services
 # message and batched by 10) on a small database and on one of 11M orders,
 # 1M accounts, 10M flows and notices, uniform and hot payments, interleaved
 # (docs/benchmarks.md, "At production size"). The databases are seeded once
-# (bulk, about 10 minutes for the large one, about 6 GiB) and kept between
+# (bulk: about 4 minutes and 6-7 GiB for the large one) and kept between
 # runs; make bench-large-drop drops them.
 BENCHLARGEFLAGS ?= -large-n 40000 -large-rounds 1
 bench-large: services

@@ -83,6 +83,16 @@ func drawPayments(s shape, n int, hotShare float64) []payment {
 	return pays
 }
 
+// canDraw says whether drawPayments can draw n payments of s with the
+// hot share, with room to spare (it draws by rejection: a pool too small
+// would never fill).
+func (s shape) canDraw(n int, hotShare float64) error {
+	if int64(n) > s.inits()/2 || hotShare*float64(n) > float64(s.inits()/5)/2 || (1-hotShare)*float64(n) > float64(s.inits())/2 {
+		return fmt.Errorf("%s: %d payments (%.0f%% on a fifth of the users) is more than half its INIT orders allow", s, n, hotShare*100)
+	}
+	return nil
+}
+
 // sharedBed is a vhost and a Redis prefix of their own on a seeded
 // database the bed does not own (closeShared leaves the database alone).
 func sharedBed(o *options, db *sqlx.DB, dsn, name string) (*bed, error) {
@@ -513,6 +523,11 @@ func large(ctx context.Context, o *options, lo largeOptions) error {
 		s   shape
 		db  *sqlx.DB
 		dsn string
+	}
+	for _, s := range []shape{lo.small, lo.large} {
+		if err := s.canDraw(lo.n, lo.hotShare); err != nil {
+			return err
+		}
 	}
 	var dbs []seeded
 	for _, s := range []shape{lo.small, lo.large} {
