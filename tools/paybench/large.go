@@ -84,11 +84,13 @@ func drawPayments(s shape, n int, hotShare float64) []payment {
 }
 
 // canDraw says whether drawPayments can draw n payments of s with the
-// hot share, with room to spare (it draws by rejection: a pool too small
-// would never fill).
+// hot share (it draws by rejection: a pool too small would never fill, a
+// pool nearly drawn out fills slowly).
 func (s shape) canDraw(n int, hotShare float64) error {
-	if int64(n) > s.inits()/2 || hotShare*float64(n) > float64(s.inits()/5)/2 || (1-hotShare)*float64(n) > float64(s.inits())/2 {
-		return fmt.Errorf("%s: %d payments (%.0f%% on a fifth of the users) is more than half its INIT orders allow", s, n, hotShare*100)
+	const most = 0.9 // of a pool
+	hotPool := float64(s.inits()) / 5
+	if float64(n) > most*float64(s.inits()) || hotShare*float64(n) > most*hotPool || (1-hotShare)*float64(n) > most*(float64(s.inits())-hotPool) {
+		return fmt.Errorf("%s: %d payments (%.0f%% on a fifth of the users) is more than its INIT orders allow", s, n, hotShare*100)
 	}
 	return nil
 }
