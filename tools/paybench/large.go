@@ -27,6 +27,7 @@ type largeOptions struct {
 	rounds       int
 	openSeconds  int
 	kinds, dbs   string // comma-separated filters: paysvc,ref,batched; small,large
+	mixes        string // uniform,hot
 }
 
 // wants says whether the filter list (empty: everything) names x.
@@ -570,6 +571,9 @@ func large(ctx context.Context, o *options, lo largeOptions) error {
 	var results []sized
 	for round := 1; round <= lo.rounds; round++ {
 		for _, mix := range mixes {
+			if !wants(lo.mixes, mix.name) {
+				continue
+			}
 			for _, sd := range dbs {
 				for _, kind := range kinds {
 					if !wants(lo.kinds, kindFlag[kind]) {
@@ -593,6 +597,9 @@ func large(ctx context.Context, o *options, lo largeOptions) error {
 			break
 		}
 		peak := medianOf(results, sd.s.DB, "uniform", kindPaysvc, func(r sized) float64 { return r.rate })
+		if peak == 0 { // no uniform drain this run: the hot one's
+			peak = medianOf(results, sd.s.DB, "hot", kindPaysvc, func(r sized) float64 { return r.rate })
+		}
 		lat, err := openOn(ctx, o, sd.db, sd.dsn, sd.s, peak/2, time.Duration(lo.openSeconds)*time.Second)
 		if err != nil {
 			return err

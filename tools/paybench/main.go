@@ -116,6 +116,7 @@ func main() {
 	flag.IntVar(&lo.rounds, "large-rounds", 1, "-only large: interleaved rounds of the twelve drains (0: seed, or find the seed, and exit)")
 	flag.IntVar(&lo.openSeconds, "large-open", 10, "-only large: seconds of each open loop (paysvc at half its drain rate; 0: none)")
 	flag.StringVar(&lo.kinds, "large-kinds", "", "-only large: only these consumers (comma-separated: paysvc, ref, batched; default all)")
+	flag.StringVar(&lo.mixes, "large-mixes", "", "-only large: only these mixes (uniform, hot; default both)")
 	flag.StringVar(&lo.dbs, "large-dbs", "", "-only large: only these databases (small, large; default both)")
 	largeDrop := flag.Bool("large-drop", false, "drop the databases -only large seeded, and exit")
 	flag.Parse()

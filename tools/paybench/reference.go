@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -94,9 +95,19 @@ func runReference(ctx context.Context, b *bed, o *options, workers, prefetch, n 
 			}
 		})
 	}
+	// The deliveries end early when the broker closes the channel or the
+	// connection: an error, not a wait for the deadline.
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
+	case <-finished:
+		mu.Lock()
+		defer mu.Unlock()
+		if acked < n {
+			return fmt.Errorf("the broker ended the deliveries after %d of %d messages were acked", acked, n)
+		}
 	}
 	ch.Cancel("reference", false)
 	wg.Wait()
@@ -249,9 +260,19 @@ func runReferenceBatched(ctx context.Context, b *bed, o *options, workers, prefe
 			}
 		})
 	}
+	// The deliveries end early when the broker closes the channel or the
+	// connection: an error, not a wait for the deadline.
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
+	case <-finished:
+		mu.Lock()
+		defer mu.Unlock()
+		if acked < n {
+			return fmt.Errorf("the broker ended the deliveries after %d of %d messages were acked", acked, n)
+		}
 	}
 	ch.Cancel("reference", false)
 	wg.Wait()
