@@ -667,13 +667,16 @@ func summarize(rs []sized, lo largeOptions, lat map[string]latencies) {
 	for _, mix := range []string{"uniform", "hot"} {
 		for _, db := range []string{small, large} {
 			for _, kind := range kinds {
+				if medianOf(rs, db, mix, kind, cols[0].f) == 0 {
+					continue // not measured this run
+				}
 				var cells []string
 				for _, c := range cols {
 					cells = append(cells, fmt.Sprintf(c.fmt, medianOf(rs, db, mix, kind, c.f)))
 				}
 				fmt.Printf("| %s | %s | %s | %s |\n", db, mix, kind, strings.Join(cells, " | "))
 			}
-			if db == large {
+			if db == large && medianOf(rs, small, mix, kindPaysvc, cols[0].f) > 0 {
 				var cells []string
 				for _, kind := range kinds {
 					var parts []string
@@ -695,6 +698,10 @@ func summarize(rs []sized, lo largeOptions, lat map[string]latencies) {
 	}
 	rate := func(db, mix, kind string) float64 {
 		return medianOf(rs, db, mix, kind, func(r sized) float64 { return r.rate })
+	}
+	if rate(large, "uniform", kindPaysvc) == 0 || rate(large, "uniform", kindRefB10) == 0 || rate(small, "uniform", kindPaysvc) == 0 {
+		fmt.Println("targets: they need the uniform mix, paysvc on both databases and the batched reference on the large one")
+		return
 	}
 	pages := medianOf(rs, large, "uniform", kindPaysvc, cols[6].f)
 	written := medianOf(rs, large, "uniform", kindPaysvc, cols[9].f)
