@@ -13,7 +13,7 @@ IMAGE   ?= paysvc
 DOCKER  ?= docker
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: build release services test-tools test test-tidb test-k8s rules lint demo chaos chaos-cluster soak bench clean
+.PHONY: build release services test-tools test test-tidb test-k8s rules lint demo chaos chaos-cluster soak bench bench-large bench-large-drop clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)" -o $(BIN)/paysvc ./cmd/paysvc
@@ -153,3 +153,19 @@ else
 	bin/paybench $(BENCHFLAGS)
 	$(GO) test -run XXX -bench . -benchmem ./internal/listener/ ./internal/money/ ./internal/tracing/
 endif
+
+# The production-size benchmark: paysvc and the reference consumer (per
+# message and batched by 10) on a small database and on one of 11M orders,
+# 1M accounts, 10M flows and notices, uniform and hot payments, interleaved
+# (docs/benchmarks.md, "At production size"). The databases are seeded once
+# (bulk: about 4 minutes and 6-7 GiB for the large one) and kept between
+# runs; make bench-large-drop drops them.
+BENCHLARGEFLAGS ?= -large-n 40000 -large-rounds 1
+bench-large: services
+	$(GO) build -o bin/paysvc ./cmd/paysvc
+	cd tools && $(GO) build -o ../bin/paybench ./paybench
+	bin/paybench -only large $(BENCHLARGEFLAGS)
+
+bench-large-drop:
+	cd tools && $(GO) build -o ../bin/paybench ./paybench
+	bin/paybench -large-drop $(BENCHLARGEFLAGS)

@@ -86,8 +86,12 @@ func (c cpuCost) String() string {
 }
 
 // dbCounters are MariaDB's global counters a run is charged per payment:
-// what the server was asked to do, next to what it cost.
-var dbCounters = []string{"Questions", "Com_commit", "Handler_write", "Handler_update", "Handler_read_key", "Handler_read_next", "Innodb_data_fsyncs", "Innodb_os_log_written"}
+// what the server was asked to do, next to what it cost. The rows read are
+// the handler's reads by key, next in an index and in a table scan
+// (MariaDB 10.11 has no Innodb_rows_read); the pages read from disk are
+// Innodb_buffer_pool_reads.
+var dbCounters = []string{"Questions", "Com_commit", "Handler_write", "Handler_update", "Handler_read_key", "Handler_read_next",
+	"Handler_read_rnd_next", "Innodb_buffer_pool_reads", "Innodb_data_written", "Innodb_data_fsyncs", "Innodb_os_log_written"}
 
 // dbStatus reads dbCounters (a failed read gives zeros: the figures are
 // context, not the measurement).

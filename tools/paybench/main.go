@@ -73,8 +73,8 @@ func main() {
 	flag.IntVar(&o.hotUsers, "hot-users", 10, "accounts in the hot-account run")
 	flag.Float64Var(&o.dup, "dup", 0.1, "share of payments published twice")
 	only := flag.String("only", "", "comma-separated phases: compare,ceilings,grouped,default,article,hot,open; "+
-		"and, only when named, pairs (paired open loops, -paysvc-env's settings against -pair-env's) and "+
-		"daemon (one drain of -n payments by the paysvc daemon; with -heap-trace its heap, RSS and goroutines every 10%), "+
+		"and, only when named, large (production-size tables against small ones: make bench-large), pairs (paired open loops, -paysvc-env's settings against -pair-env's), "+
+		"daemon (one drain of -n payments by the paysvc daemon; with -heap-trace its heap, RSS and goroutines every 10%) and "+
 		"trace (the daemon's CPU per 1,000 payments for each of -trace's modes)")
 	traceFlag := flag.String("trace", "off,0.01,1", "-only trace: off and sample ratios (trace.sampleRatio) to measure, spans to a local receiver that discards them")
 	flag.StringVar(&o.paysvcBinary, "paysvc", "bin/paysvc", "the paysvc binary the compare phase runs")
@@ -109,6 +109,23 @@ func main() {
 	flag.StringVar(&o.openDump, "open-dump", "", "keep each open loop's per-payment timings (TSV) and the daemon's log in this directory")
 	openDaemon := flag.Bool("open-daemon", false, "run the open phase into the paysvc daemon (as the compare rounds do), not the in-process consumer")
 	rounds := flag.Int("rounds", 1, "repeat the best ceiling, default and article runs this many times, interleaved, and report medians")
+	lo := largeOptions{
+		small: shape{DB: "paysvc_bench_small", Accounts: 10000, Orders: 200000, InitEvery: 1},
+		large: shape{DB: "paysvc_bench_large", Accounts: 1000000, Orders: 11000000, InitEvery: 11},
+	}
+	flag.StringVar(&lo.large.DB, "large-db", lo.large.DB, "-only large: the production-size database (seeded once, kept between runs)")
+	flag.Int64Var(&lo.large.Accounts, "large-accounts", lo.large.Accounts, "-only large: accounts of the production-size database")
+	flag.Int64Var(&lo.large.Orders, "large-orders", lo.large.Orders, "-only large: orders of the production-size database")
+	flag.Int64Var(&lo.large.InitEvery, "large-init-every", lo.large.InitEvery, "-only large: every this many orders one is INIT, the others PAID with a flow and a sent notice each")
+	flag.StringVar(&lo.small.DB, "small-db", lo.small.DB, "-only large: the small database (10k accounts, 200k INIT orders; kept between runs)")
+	flag.IntVar(&lo.n, "large-n", 40000, "-only large: payments per drain")
+	flag.Float64Var(&lo.hotShare, "hot-share", 0.8, "-only large: share of the hot mix's payments on a fifth of the users")
+	flag.IntVar(&lo.rounds, "large-rounds", 1, "-only large: interleaved rounds of the twelve drains (0: seed, or find the seed, and exit)")
+	flag.IntVar(&lo.openSeconds, "large-open", 10, "-only large: seconds of each open loop (paysvc at half its drain rate; 0: none)")
+	flag.StringVar(&lo.kinds, "large-kinds", "", "-only large: only these consumers (comma-separated: paysvc, ref, batched; default all)")
+	flag.StringVar(&lo.mixes, "large-mixes", "", "-only large: only these mixes (uniform, hot; default both)")
+	flag.StringVar(&lo.dbs, "large-dbs", "", "-only large: only these databases (small, large; default both)")
+	largeDrop := flag.Bool("large-drop", false, "drop the databases -only large seeded, and exit")
 	flag.Parse()
 	mysql.SetLogger(log.New(io.Discard, "", 0))
 	ctx := context.Background()
@@ -125,6 +142,18 @@ func main() {
 		os.Exit(1)
 	}
 
+	if *largeDrop {
+		if err := dropSeeded(ctx, o.mysqlDSN, lo.small.DB, lo.large.DB); err != nil {
+			fail(err)
+		}
+		return
+	}
+	if strings.Contains(","+*only+",", ",large,") {
+		if err := large(ctx, o, lo); err != nil {
+			fail(err)
+		}
+		return
+	}
 	if strings.Contains(","+*only+",", ",pairs,") {
 		if err := pairs(ctx, o, *rounds, pairEnv, *pairBinary); err != nil {
 			fail(err)
