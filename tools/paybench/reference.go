@@ -42,41 +42,64 @@ type referenceMessage struct {
 	Amount  json.Number `json:"amount"`
 }
 
-// runReference drains n messages from the bed's main queue with the
-// reference consumer; it returns when n have been acked (or ctx ends).
-func runReference(ctx context.Context, b *bed, o *options, workers, prefetch, n int) error {
+// openReference opens what both reference consumers use: a MySQL pool
+// and a Redis client of workers connections each, and a channel
+// consuming the main queue (as "reference") with prefetch; closeAll
+// closes them.
+func openReference(b *bed, o *options, workers, prefetch int) (_ *reference, _ *amqp.Channel, _ <-chan amqp.Delivery, closeAll func(), err error) {
+	var closers []func() error
+	closeAll = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
 	cfg, err := mysql.ParseDSN(b.DSN)
 	if err != nil {
-		return err
+		return nil, nil, nil, nil, err
 	}
 	cfg.InterpolateParams = true
 	db, err := sql.Open("mysql", cfg.FormatDSN())
 	if err != nil {
-		return err
+		return nil, nil, nil, nil, err
 	}
-	defer db.Close()
+	closers = append(closers, db.Close)
 	db.SetMaxOpenConns(workers)
 	db.SetMaxIdleConns(workers)
 	rdb := redis.NewClient(&redis.Options{Addr: o.redisAddr, PoolSize: workers})
-	defer rdb.Close()
+	closers = append(closers, rdb.Close)
 	r := &reference{workers: workers, prefetch: prefetch, db: db, rdb: rdb, prefix: b.prefix + "ref:"}
-
 	conn, err := amqp.Dial(b.amqpURL)
 	if err != nil {
-		return err
+		return nil, nil, nil, nil, err
 	}
-	defer conn.Close()
+	closers = append(closers, conn.Close)
 	ch, err := conn.Channel()
 	if err != nil {
-		return err
+		return nil, nil, nil, nil, err
 	}
 	if err := ch.Qos(prefetch, 0, false); err != nil {
-		return err
+		return nil, nil, nil, nil, err
 	}
 	deliveries, err := ch.Consume(listener.MainQueue, "reference", false, false, false, false, nil)
 	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	return r, ch, deliveries, closeAll, nil
+}
+
+// runReference drains n messages from the bed's main queue with the
+// reference consumer; it returns when n have been acked (or ctx ends).
+func runReference(ctx context.Context, b *bed, o *options, workers, prefetch, n int) error {
+	r, ch, deliveries, closeAll, err := openReference(b, o, workers, prefetch)
+	if err != nil {
 		return err
 	}
+	defer closeAll()
 	var mu sync.Mutex
 	acked := 0
 	done := make(chan struct{})
@@ -176,38 +199,11 @@ func (r *reference) payIn(ctx context.Context, tx *sql.Tx, m referenceMessage) e
 // commits once and acks each. On an error its keys are deleted and its
 // messages nacked with requeue; no retries, notices, trace or metrics.
 func runReferenceBatched(ctx context.Context, b *bed, o *options, workers, prefetch, batch, n int) error {
-	cfg, err := mysql.ParseDSN(b.DSN)
+	r, ch, deliveries, closeAll, err := openReference(b, o, workers, prefetch)
 	if err != nil {
 		return err
 	}
-	cfg.InterpolateParams = true
-	db, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	db.SetMaxOpenConns(workers)
-	db.SetMaxIdleConns(workers)
-	rdb := redis.NewClient(&redis.Options{Addr: o.redisAddr, PoolSize: workers})
-	defer rdb.Close()
-	r := &reference{workers: workers, prefetch: prefetch, db: db, rdb: rdb, prefix: b.prefix + "ref:"}
-
-	conn, err := amqp.Dial(b.amqpURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if err := ch.Qos(prefetch, 0, false); err != nil {
-		return err
-	}
-	deliveries, err := ch.Consume(listener.MainQueue, "reference", false, false, false, false, nil)
-	if err != nil {
-		return err
-	}
+	defer closeAll()
 	// One reader forms the batches: it gathers deliveries, up to batch,
 	// while every goroutine is busy, and hands what it has to the first
 	// free one (never waiting for more). Goroutines each taking from the
