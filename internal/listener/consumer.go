@@ -340,6 +340,13 @@ func (c *Consumer) probeDependencies(ctx context.Context) error {
 		err = nil
 	}
 	if err != nil {
+		// A Galera node that is not Synced (a donor under its global read
+		// lock, a joiner) explains a write that does not commit: name it,
+		// not the symptom. A pooled connection's last look at the node
+		// can be up to a second old.
+		if nerr := ping(c.orders.NodeReady); sqldb.IsNodeNotReady(nerr) {
+			return &depError{ReasonMySQLNodeNotReady, nerr}
+		}
 		switch {
 		case errors.Is(err, order.ErrWritesStalled):
 			return &depError{ReasonMySQLWritesStalled, err}

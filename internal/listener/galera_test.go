@@ -3,6 +3,7 @@ package listener_test
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,4 +79,31 @@ func TestProbeThatLosesACertificationIsUp(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer never ready: a probe that lost a certification held it")
 	e.publish(msgs...)
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.totalFlows() == 2 }, "payments not applied")
+}
+
+// No payment locks the rows the write probe writes: a probe that waits out
+// the lock wait bound on them (1205) waits on another instance's probe of
+// the same name whose commit does not come. That is a server that does not
+// commit writes, and the consumer says so, not that MySQL does not answer.
+func TestProbeLockWaitIsAWriteStall(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	mysqlProxy, dsn := testenv.MySQLProxy(t, e.dsn)
+	mysqlProxy.ReplaceWhen(func(toServer []byte) bool { return bytes.Contains(toServer, []byte("t_write_probe")) },
+		"SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1205, MESSAGE_TEXT = 'Lock wait timeout exceeded; try restarting transaction'")
+	c := e.start(e.redisAddr, dsn)
+	waiting := func() bool {
+		for _, entry := range e.logs.FilterMessage("dependency unavailable; not consuming").All() {
+			if msg, _ := entry.ContextMap()["error"].(string); strings.HasPrefix(msg, "MySQL does not commit writes: ") {
+				return true
+			}
+		}
+		return false
+	}
+	testenv.Eventually(t, 10*time.Second, waiting, "no wait for a write stall logged: %v", e.logs.FilterMessage("dependency unavailable; not consuming").All())
+	if c.Ready() {
+		t.Fatal("ready while the write probe cannot commit")
+	}
+	mysqlProxy.ReplaceWhen(nil, "")
+	testenv.Eventually(t, 10*time.Second, c.Ready, "consumer not ready once the probe commits")
 }

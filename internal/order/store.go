@@ -177,6 +177,14 @@ func (s *Store) NoticeTrace(ctx context.Context, orderNo string) (string, error)
 	return tp, nil
 }
 
+// NodeReady reports whether the server is a Galera node that is not Synced
+// now (an error for which sqldb.IsNodeNotReady holds): the reason a write
+// stalls or fails on a donor, a joiner or a node cut off. nil on a server
+// without Galera.
+func (s *Store) NodeReady(ctx context.Context) error {
+	return sqldb.NodeReady(ctx, s.db.DB)
+}
+
 // ErrReadOnly: the server is read-only (a replica, or a primary that failed
 // over).
 var ErrReadOnly = errors.New("mysql is read-only")
@@ -240,6 +248,10 @@ func probeErr(ctx context.Context, err error) error {
 		return nil
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w: no commit within the probe's bound: %w", ErrWritesStalled, err)
+	case sqldb.IsLockWait(err):
+		// No payment locks the rows the probe writes: the lock is another
+		// instance's probe of the same name, whose commit does not come.
+		return fmt.Errorf("%w: the probe's row is held by a write that does not commit: %w", ErrWritesStalled, err)
 	}
 	return fmt.Errorf("write probe: %w", err)
 }

@@ -2,6 +2,7 @@ package sqldb
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -44,6 +45,32 @@ func isGalera(ctx context.Context, c driver.Conn) (bool, error) {
 		return false, fmt.Errorf("wsrep_on: %w", err)
 	}
 	return strings.EqualFold(vars["wsrep_on"], "ON"), nil
+}
+
+// NodeReady reads, now, the state of the Galera node a connection of db
+// reaches: nil when it is Synced and ready, or when the server is not a
+// Galera node; an error wrapping ErrNodeNotReady, with the state, when it
+// is not; the connection's error when none is had. A connection that just
+// came from the pool was last looked at up to nodeRecheck ago: a caller
+// that saw a write fail asks here whether the node explains it.
+func NodeReady(ctx context.Context, db *sql.DB) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err // a new connection to a node not ready fails with ErrNodeNotReady
+	}
+	defer conn.Close()
+	return conn.Raw(func(dc any) error {
+		kc, ok := dc.(*killingConn)
+		if !ok || !kc.galera {
+			return nil
+		}
+		if err := nodeReady(ctx, kc.inner); err != nil {
+			kc.refused.Store(true) // not taken from the pool again: a redial may reach a Synced node
+			return fmt.Errorf("%s: %w", kc.thread.server, err)
+		}
+		kc.checked = time.Now()
+		return nil
+	})
 }
 
 // nodeReady returns nil when c's Galera node is Synced and ready, and an

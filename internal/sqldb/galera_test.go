@@ -116,3 +116,36 @@ func TestNoGaleraNoNodeCheck(t *testing.T) {
 		}
 	}
 }
+
+// NodeReady reads the node's state now, not as the pooled connection last
+// saw it: right after the node is desynced (well within nodeRecheck of the
+// connection's last look) it says not ready, and ready again once the node
+// is Synced. On a server without wsrep it says ready.
+func TestNodeReadyReadsTheNodeNow(t *testing.T) {
+	t.Parallel()
+	addr := galeraNode(t)
+	ctx := context.Background()
+	admin := sqlx.MustOpen("mysql", "root@tcp("+addr+")/")
+	defer admin.Close()
+	db, err := sqldb.Open(ctx, "root@tcp("+addr+")/", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := sqldb.NodeReady(ctx, db.DB); err != nil {
+		t.Fatalf("NodeReady on a Synced node: %v", err)
+	}
+	admin.MustExec("SET GLOBAL wsrep_desync = ON")
+	defer admin.Exec("SET GLOBAL wsrep_desync = OFF")
+	if err := sqldb.NodeReady(ctx, db.DB); !sqldb.IsNodeNotReady(err) {
+		t.Fatalf("NodeReady on a desynced node: %v; want ErrNodeNotReady", err)
+	}
+	admin.MustExec("SET GLOBAL wsrep_desync = OFF")
+	testenv.Eventually(t, 10*time.Second, func() bool { return sqldb.NodeReady(ctx, db.DB) == nil },
+		"NodeReady never nil once the node is Synced again")
+
+	_, plain := testenv.MySQL(t)
+	if err := sqldb.NodeReady(ctx, plain.DB); err != nil {
+		t.Fatalf("NodeReady on a server without wsrep: %v", err)
+	}
+}
