@@ -66,7 +66,7 @@ func anchors(t *testing.T, path string) map[string]bool {
 // reconcile.interval > 0 are not among the default ones.
 // offByDefault: metrics that never move with paysvc's default
 // configuration, and the setting that makes them move. A rule on one of
-// them could never fire with the defaults (issue 13): it lives in
+// them could never fire with the defaults, so it lives in
 // reconcile-alerts.yaml or opt-in-alerts.yaml, loaded where it applies.
 var offByDefault = map[string]string{
 	"paysvc_reconcile_":                   "reconcile.interval > 0",

@@ -19,9 +19,10 @@ import (
 // (paysvc_broker_blocked, paysvc_held_messages{dependency="broker"}) and
 // its copy goes out once the alarm clears; the others are paid and acked
 // meanwhile, because the copies go out on a connection of their own and
-// the consumer's acks still flow. Before, the first copy blocked the
-// consumer's connection: its acks stalled, and every publish timeout
-// restarted the session and redelivered what was already paid.
+// the consumer's acks still flow. Were the copies published on the
+// consumer's connection, the first one would block it: its acks would
+// stall, and every publish timeout would restart the session and
+// redeliver what was already paid.
 func TestResourceAlarmHoldsCopiesAndAcksTheRest(t *testing.T) {
 	t.Parallel()
 	node, _, addr := testenv.RabbitNode(t, "", nil)

@@ -597,9 +597,9 @@ func TestWrongPasswordStopsStartUp(t *testing.T) {
 // the terminal queue, reject-publish): the original is held and the copy
 // tried again with backoff, never acked and dropped, while the other
 // payments are paid and the session goes on. When the session ends (here
-// the consumer stops) it goes back to the queue. Before, every refusal sent
-// the original straight back and restarted the session: on RabbitMQ 4.3+,
-// where such a return spends no delivery, for ever.
+// the consumer stops) it goes back to the queue. Sending the original
+// straight back and restarting the session at each refusal would go on, on
+// RabbitMQ 4.3+ where such a return spends no delivery, for ever.
 func TestNackedTerminalCopyKeepsTheOriginal(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

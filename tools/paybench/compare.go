@@ -251,7 +251,7 @@ func scrape(addr string, names ...string) (map[string]float64, error) {
 // quarter of the payments), the daemon with every payment on o.hotUsers
 // accounts, and an open loop into the daemon at half the rate it drained at
 // in that round; then it prints the medians of the per-round ratios the
-// performance issue sets its targets on, and the open loop's worst round.
+// targets are set on (docs/benchmarks.md), and the open loop's worst round.
 func compare(ctx context.Context, o *options, rounds int, row func(string, float64, string)) error {
 	var vsRef, vsArticle, dbRatio, totalRatio, hotRatio []float64
 	var openP99 []time.Duration

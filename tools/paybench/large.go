@@ -519,7 +519,7 @@ func openOn(ctx context.Context, o *options, db *sqlx.DB, dsn string, s shape, r
 // large measures the consumers on a small and a production-size seeded
 // database (kept between runs), on uniform and hot payments, interleaved,
 // and prints the per-payment figures, how each moves from small to large,
-// and the performance issue's production-size targets.
+// and the production-size targets (docs/benchmarks.md).
 func large(ctx context.Context, o *options, lo largeOptions) error {
 	say := func(s string) { fmt.Printf("%s  %s\n", time.Now().UTC().Format("15:04:05"), s) }
 	type seeded struct {

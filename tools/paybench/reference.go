@@ -19,15 +19,15 @@ import (
 	"github.com/paysvc/paysvc/internal/listener"
 )
 
-// reference is the consumer a team writes first, exactly as the
-// performance issue describes it, for paysvc to be measured against on the
-// same servers, messages and seed: one connection and one channel, a
-// prefetch window, N goroutines; per message a Redis SET NX EX on the order
-// number (present: ack, done), then one MySQL transaction with one
-// statement per round trip (interpolateParams=true): the INIT→PAID update,
-// the flow, the conditional balance update, COMMIT; then ack. On an error
-// the key is deleted and the message nacked with requeue. No retries, no
-// notices, no trace, no metrics. It is not paysvc's code and shares none.
+// reference is the reference consumer, the one a team writes first, which
+// paysvc is measured against on the same servers, messages and seed: one
+// connection and one channel, a prefetch window, N goroutines; per
+// message a Redis SET NX EX on the order number (present: ack, done), then
+// one MySQL transaction with one statement per round trip
+// (interpolateParams=true): the INIT→PAID update, the flow, the
+// conditional balance update, COMMIT; then ack. On an error the key is
+// deleted and the message nacked with requeue. No retries, no notices, no
+// trace, no metrics. It is not paysvc's code and shares none.
 type reference struct {
 	workers, prefetch int
 	db                *sql.DB
