@@ -44,7 +44,8 @@ test-tools:
 	scripts/ensure-test-tools.sh
 
 # Both modules: the service's (.) and the tools' (tools/: paybench, paychaos,
-# k8scheck, which builds the Kubernetes overlays with kustomize).
+# k8scheck, which builds the Kubernetes overlays with kustomize, browsertest,
+# which drives the admin pages in Chromium).
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...

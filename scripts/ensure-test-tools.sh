@@ -2,7 +2,8 @@
 # Test tools beyond the servers, installed when missing, fast when present:
 #   gcc       a C compiler: go test -race (make test's TESTFLAGS) needs cgo,
 #             which Go turns off when it finds no C compiler;
-#   chromium  Debian's headless Chromium, for the admin page's browser test;
+#   chromium  Debian's headless Chromium, for the admin pages' browser
+#             tests (tools/browsertest);
 #   promtool  from Debian's prometheus package, for the alert rules' unit
 #             tests. Only the promtool binary is taken (into
 #             /usr/local/bin as root, else tmp/tools/, or PROMTOOL_DIR):

@@ -1,17 +1,15 @@
 package deadletter
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/paysvc/paysvc/internal/httpjson"
 	"github.com/paysvc/paysvc/internal/sqldb"
 )
 
@@ -93,31 +91,21 @@ func (a *Alerter) SendPending(ctx context.Context) error {
 	}
 	var refused error
 	for _, d := range pending {
-		body, _ := json.Marshal(Alert{
+		err := httpjson.Post(ctx, a.Client, a.URL, Alert{
 			Text: fmt.Sprintf("paysvc: payment %s reached the terminal queue (%s): %s",
 				d.Order(), d.ErrorClass, d.LastError),
 			DeadLetterID: d.ID, OrderNo: d.Order(), ErrorClass: d.ErrorClass, LastError: d.LastError,
 			RetryCount: d.RetryCount, ParkedCount: d.ParkedCount, FailedAt: d.LastFailedAt.UTC().Format(time.RFC3339),
 		})
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.URL, bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := a.Client.Do(req)
-		if err != nil {
-			var ue *url.Error
-			if errors.As(err, &ue) {
-				err = ue.Err // the URL may hold a secret token: never log it
-			}
-			return fmt.Errorf("alert %d: %w", d.ID, err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode/100 != 2 {
+		var refusal *httpjson.StatusError
+		if errors.As(err, &refusal) {
 			if refused == nil {
-				refused = fmt.Errorf("alert %d: webhook answered %s", d.ID, resp.Status)
+				refused = fmt.Errorf("alert %d: webhook answered %s", d.ID, refusal.Status)
 			}
 			continue // this alert again next round; the others now
+		}
+		if err != nil {
+			return fmt.Errorf("alert %d: %w", d.ID, err) // without the URL: it may hold a secret token
 		}
 		if err := a.Store.MarkAlerted(ctx, d); err != nil {
 			return err

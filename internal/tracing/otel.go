@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -21,6 +20,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
+
+	"github.com/paysvc/paysvc/internal/httpjson"
 )
 
 // Options configure span export (Start).
@@ -101,7 +102,7 @@ func Start(ctx context.Context, o Options) (*Tracer, error) {
 	}
 	exp, err := otlptracehttp.New(ctx, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("otlp exporter: %s", Redact(err.Error()))
+		return nil, fmt.Errorf("otlp exporter: %s", httpjson.Redact(err.Error()))
 	}
 	res, err := resource.New(ctx,
 		resource.WithAttributes(ownResource(o.Version)...),
@@ -123,7 +124,7 @@ func Start(ctx context.Context, o Options) (*Tracer, error) {
 	var inFlight atomic.Int64
 	log := o.Log
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		log.Warn("opentelemetry", zap.String("error", Redact(err.Error())))
+		log.Warn("opentelemetry", zap.String("error", httpjson.Redact(err.Error())))
 	}))
 	counted := &countingExporter{SpanExporter: exp, inFlight: &inFlight, dropped: o.Dropped, log: o.Log}
 	bsp := sdktrace.NewBatchSpanProcessor(counted, sdktrace.WithMaxQueueSize(queue))
@@ -141,7 +142,7 @@ func (t *Tracer) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	if err := t.tp.Shutdown(ctx); err != nil {
-		return errors.New(Redact(err.Error()))
+		return errors.New(httpjson.Redact(err.Error()))
 	}
 	return nil
 }
@@ -301,21 +302,9 @@ func (e *countingExporter) ExportSpans(ctx context.Context, spans []sdktrace.Rea
 	e.inFlight.Add(-int64(len(spans)))
 	if err != nil {
 		e.dropped(DropExportFailed, len(spans))
-		e.log.Warn("otlp export failed; spans dropped", zap.Int("spans", len(spans)), zap.String("error", Redact(err.Error())))
+		e.log.Warn("otlp export failed; spans dropped", zap.Int("spans", len(spans)), zap.String("error", httpjson.Redact(err.Error())))
 	}
 	return nil // counted and logged here, not again by the SDK's error handler
-}
-
-var (
-	urlUser = regexp.MustCompile(`(https?://)[^/@\s"]+@`)
-	urlPath = regexp.MustCompile(`(https?://[^/\s"]+)/[^\s"]*`)
-)
-
-// Redact hides the user and the path of every URL in s: an OTLP endpoint
-// may hold a collector's token in either.
-func Redact(s string) string {
-	s = urlUser.ReplaceAllString(s, "${1}xxxxx@")
-	return urlPath.ReplaceAllString(s, "${1}/xxxxx")
 }
 
 // Kind is a span's kind.
