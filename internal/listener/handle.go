@@ -77,18 +77,6 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Spa
 	}
 	out.degraded = cs.degraded
 	held = cs.state == idem.Claimed
-	if fault.Mutated("mark_before_work") {
-		// A deliberately broken build: the incident write-up's design, the
-		// key marked done before the work and a done key trusted alone. A
-		// crash or a failure after the mark loses the payment.
-		if cs.state == idem.Done {
-			return classified(fmt.Errorf("order %s: key done (mark_before_work): %w", p.OrderNo, order.ErrAlreadyPaid))
-		}
-		if held {
-			c.guard.Done(ctx, p.OrderNo)
-			held = false
-		}
-	}
 	fault.Point("after_claim")
 
 	if wait, err := c.checkClaim(ctx, p, cs, out.key, log); err != nil {

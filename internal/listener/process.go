@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,7 +12,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/paysvc/paysvc/internal/broker"
-	"github.com/paysvc/paysvc/internal/fault"
 	"github.com/paysvc/paysvc/internal/idem"
 	"github.com/paysvc/paysvc/internal/trace"
 	"github.com/paysvc/paysvc/internal/tracing"
@@ -42,11 +40,7 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 	log := c.log.With(zap.String("trace_id", span.Context.TraceIDHex()))
 
 	out, letGo := c.handleThroughOutages(ctx, sess, d, span, log)
-	routed := out
-	if fault.Mutated("park_unavailable") && routed.kind == Unavailable {
-		routed.kind = Terminal // a deliberately broken build: outages dead-letter payable payments
-	}
-	a := route(routed, d.Headers, c.cfg.Retry, letGo)
+	a := route(out, d.Headers, c.cfg.Retry, letGo)
 	s := c.settle(ctx, sess, cp, d, a, out.orderNo, span.Context, log, pause)
 	c.report(ctx, d, out, a, s, span, start, log)
 }
@@ -60,7 +54,7 @@ func (c *Consumer) handleThroughOutages(ctx, sess context.Context, d amqp.Delive
 	held := broker.Backoff{Max: c.cfg.MaxBackoff}
 	unknown := false // a round of this delivery's ended with its COMMIT's outcome unknown
 	for {
-		if r := c.pausedFor(); r != ReasonNone && !fault.Mutated("park_unavailable") {
+		if r := c.pausedFor(); r != ReasonNone {
 			// Consumption is paused: this message waits with the others
 			// instead of trying a dependency that does not take work (a
 			// stalled write would hold a connection for the handling
@@ -72,7 +66,7 @@ func (c *Consumer) handleThroughOutages(ctx, sess context.Context, d amqp.Delive
 		}
 		out = c.handle(ctx, d, span, log)
 		unknown = unknown || out.class == ClassCommitUnknown
-		if out.kind != Unavailable || fault.Mutated("park_unavailable") {
+		if out.kind != Unavailable {
 			break
 		}
 		var down error
@@ -299,9 +293,6 @@ func (c *Consumer) hold(sess context.Context, bo *broker.Backoff, class Class, w
 	held.Inc()
 	defer held.Dec()
 	if c.paused.Add(1) == 1 {
-		if fault.Mutated("exit_on_pause") {
-			os.Exit(3) // a deliberately broken build: crashes on an outage
-		}
 		c.setPauseReason(reason)
 		c.m.Pauses.WithLabelValues(string(class)).Inc()
 		c.m.Paused.Set(1)
