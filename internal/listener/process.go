@@ -40,6 +40,7 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 	log := c.log.With(zap.String("trace_id", span.Context.TraceIDHex()))
 
 	out, letGo := c.handleThroughOutages(ctx, sess, d, span, log)
+	// The message's fate (route.go): its result, and the copy to publish.
 	a := route(out, d.Headers, c.cfg.Retry, letGo)
 	s := c.settle(ctx, sess, cp, d, a, out.orderNo, span.Context, log, pause)
 	c.report(ctx, d, out, a, s, span, start, log)
@@ -47,9 +48,9 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 
 // handleThroughOutages handles d until its outcome is not an outage, or
 // sess ends while it is held (letGo). While consumption is paused it waits
-// before the first try. An outcome found a duplicate after a COMMIT of this
-// delivery's came back unknown is resolved: applied, if this delivery's
-// COMMIT applied it.
+// before the first try. A duplicate found after a COMMIT of this
+// delivery's came back unknown is resolved: applied, if that COMMIT
+// applied it.
 func (c *Consumer) handleThroughOutages(ctx, sess context.Context, d amqp.Delivery, span tracing.Span, log *zap.Logger) (out outcome, letGo bool) {
 	held := broker.Backoff{Max: c.cfg.MaxBackoff}
 	unknown := false // a round of this delivery's ended with its COMMIT's outcome unknown
