@@ -4,8 +4,7 @@
 // (tag faultinject, never shipped) kills the process with SIGKILL when it
 // reaches the point named by PAYSVC_FAULT_POINT, on the Nth time
 // (PAYSVC_FAULT_AFTER, default 1); with PAYSVC_FAULT_ACTION=panic it panics
-// there instead. PAYSVC_FAULT_MUTATION names a guarantee to break on purpose
-// (Mutated), so that the suite can show it fails on a broken build.
+// there instead.
 package fault
 
 import (
@@ -17,30 +16,22 @@ import (
 )
 
 var (
-	once     sync.Once
-	target   string
-	action   string
-	mutation string
-	after    int64
-	hits     atomic.Int64
+	once   sync.Once
+	target string
+	action string
+	after  int64
+	hits   atomic.Int64
 )
 
 func load() {
 	once.Do(func() {
 		target = os.Getenv("PAYSVC_FAULT_POINT")
 		action = os.Getenv("PAYSVC_FAULT_ACTION")
-		mutation = os.Getenv("PAYSVC_FAULT_MUTATION")
 		after = 1
 		if n, err := strconv.ParseInt(os.Getenv("PAYSVC_FAULT_AFTER"), 10, 64); err == nil && n > 0 {
 			after = n
 		}
 	})
-}
-
-// Mutated reports whether PAYSVC_FAULT_MUTATION names name.
-func Mutated(name string) bool {
-	load()
-	return mutation == name
 }
 
 // Point kills the process if name is the configured crash point.

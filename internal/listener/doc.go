@@ -18,19 +18,24 @@
 //
 //   - consumer.go: Consumer.Run waits for MySQL (and Redis under CLOSED),
 //     runs sessions and reconnects; readiness and the dependency probes.
-//   - session.go: session dials, declares the topology (topology.go),
-//     consumes q.pay.success and starts the workers; dispatch hands each
-//     delivery to one. On the way out it cancels the consumer, drains the
-//     workers and closes.
-//   - process.go: a worker's process takes the delivery to its end. It
-//     calls handle, holds the delivery while a dependency is down (hold),
-//     asks route what to tell the broker, then does it: publish the copy,
-//     ack or nack (acks coalesce in ack.go), and logs the "message handled"
-//     line, counts, records the trace event and exports the span.
+//   - session.go: session reads as a connection's life: connect (the
+//     consuming connection and the copies' own), openConsumer (declare the
+//     topology, topology.go; QoS; consume q.pay.success), startWorkers,
+//     then dispatch hands each delivery to a worker until the session
+//     ends, and teardown cancels the consumer, drains the workers, returns
+//     what no worker started and closes.
+//   - process.go: a worker's process reads as one delivery's story:
+//     handleThroughOutages calls handle and holds the delivery while a
+//     dependency is down (hold); route decides its fate; settle tells the
+//     broker (publish the copy, ack or nack; acks coalesce in ack.go);
+//     report logs the "message handled" line, counts, records the trace
+//     event and exports the span.
 //   - handle.go: handle decodes the body (message.go), claims the Redis key
-//     (claim → claimState), pays through the Payer (an order.Grouper),
-//     marks the key done or releases it, and classifies the error
-//     (classify.go) into an outcome: a Kind and a Class.
+//     (claim → claimState), checks what the claim found against the
+//     database (checkClaim), pays through the Payer (pay, into an
+//     order.Grouper), marks the key done or releases it (finishClaim), and
+//     classifies the error (classify.go) into an outcome: a Kind and a
+//     Class.
 //   - route.go: route is where a message's fate is decided, a pure function
 //     of the outcome, the delivery's headers and the RetryPolicy (retry.go):
 //     its Result (FIRST, DUPLICATE, RETRY, TERMINAL, REQUEUE) and the copy

@@ -39,8 +39,9 @@ const lateWriteTimeout = 2 * time.Second
 // Redis failed, instead of paying a timeout on every message.
 const redisSkip = 5 * time.Second
 
-// handle decides one delivery: decode, claim, pay, mark. A panic becomes a
-// terminal outcome.
+// handle decides one delivery: decode, claim the order's Redis key, check
+// what the claim found against the database, pay, and finish the claim
+// (mark the key done, or release it). A panic becomes a terminal outcome.
 func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Span, log *zap.Logger) (out outcome) {
 	var cs claimState
 	held := false // a claim this call must still mark done or release
@@ -64,7 +65,7 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Spa
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.HandleTimeout)
 	defer cancel()
 
-	settle := func(err error) outcome {
+	classified := func(err error) outcome {
 		out.err = err
 		out.kind, out.class = classify(err)
 		return out
@@ -72,60 +73,74 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Spa
 
 	cs, err = c.claim(ctx, p.OrderNo, log)
 	if err != nil {
-		return settle(err)
+		return classified(err)
 	}
 	out.degraded = cs.degraded
 	held = cs.state == idem.Claimed
-	if fault.Mutated("mark_before_work") {
-		// A deliberately broken build: the incident write-up's design, the
-		// key marked done before the work and a done key trusted alone. A
-		// crash or a failure after the mark loses the payment.
-		if cs.state == idem.Done {
-			return settle(fmt.Errorf("order %s: key done (mark_before_work): %w", p.OrderNo, order.ErrAlreadyPaid))
-		}
-		if held {
-			c.guard.Done(ctx, p.OrderNo)
-			held = false
-		}
-	}
 	fault.Point("after_claim")
 
-	if cs.state == idem.Done || cs.state == idem.InFlight || cs.state == idem.Foreign {
-		// Redis alone never drops a message: the database decides.
-		switch err := c.orders.Check(ctx, p); {
-		case err != nil:
-			return settle(err) // already paid → duplicate; or why not
-		case cs.state == idem.InFlight:
-			out.wait = cs.claim.Remaining
-			return settle(fmt.Errorf("order %s: %w (lease %s left)", p.OrderNo, errInFlight, cs.claim.Remaining.Round(time.Millisecond)))
-		case cs.state == idem.Foreign:
-			// Not paysvc's value (a hand-written consumer's mark, left by
-			// the consumer paysvc replaced): no lease to wait for. The
-			// database's guards decide alone, as when Redis is skipped; the
-			// key is left as it is.
-			c.m.Disagreements.WithLabelValues("redis_foreign_db_unpaid").Inc()
-			log.Warn("redis key holds a value paysvc does not write; the database guards alone",
-				zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key))
-		default:
-			c.m.Disagreements.WithLabelValues("redis_done_db_unpaid").Inc()
-			log.Warn("redis and database disagree: key says done, order is not paid; applying",
-				zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key))
-		}
+	if wait, err := c.checkClaim(ctx, p, cs, out.key, log); err != nil {
+		out.wait = wait
+		return classified(err)
 	}
+	err = c.pay(ctx, p, span)
+	c.finishClaim(ctx, p.OrderNo, out.key, cs.claim, held, err, log)
+	held = false
+	return classified(err)
+}
 
-	// The database transaction is a child span of the message's; the
-	// notice it writes carries it as its parent.
+// checkClaim asks the database when the claim found the key taken (done,
+// in flight or foreign): Redis alone never drops a message. It returns
+// why the payment is not to be made now (already paid: a duplicate; in
+// flight, with the other holder's remaining lease as wait), or nil to go
+// on and pay.
+func (c *Consumer) checkClaim(ctx context.Context, p order.Payment, cs claimState, key string, log *zap.Logger) (wait time.Duration, err error) {
+	if cs.state != idem.Done && cs.state != idem.InFlight && cs.state != idem.Foreign {
+		return 0, nil
+	}
+	switch err := c.orders.Check(ctx, p); {
+	case err != nil:
+		return 0, err // already paid → duplicate; or why not
+	case cs.state == idem.InFlight:
+		return cs.claim.Remaining, fmt.Errorf("order %s: %w (lease %s left)", p.OrderNo, errInFlight, cs.claim.Remaining.Round(time.Millisecond))
+	case cs.state == idem.Foreign:
+		// Not paysvc's value (a hand-written consumer's mark, left by
+		// the consumer paysvc replaced): no lease to wait for. The
+		// database's guards decide alone, as when Redis is skipped; the
+		// key is left as it is.
+		c.m.Disagreements.WithLabelValues("redis_foreign_db_unpaid").Inc()
+		log.Warn("redis key holds a value paysvc does not write; the database guards alone",
+			zap.String("order_no", p.OrderNo), zap.String("idem_key", key))
+	default:
+		c.m.Disagreements.WithLabelValues("redis_done_db_unpaid").Inc()
+		log.Warn("redis and database disagree: key says done, order is not paid; applying",
+			zap.String("order_no", p.OrderNo), zap.String("idem_key", key))
+	}
+	return 0, nil
+}
+
+// pay applies the payment through the Payer, in a database span that is
+// a child of the message's; the notice the payment writes carries it as
+// its parent.
+func (c *Consumer) pay(ctx context.Context, p order.Payment, span tracing.Span) error {
 	db := c.cfg.Spans.Child(span, "paysvc pay", tracing.KindClient, time.Now())
 	p.Trace = db.Context.String()
-	err = c.payer.Pay(ctx, p)
+	err := c.payer.Pay(ctx, p)
 	if db.Recording() {
 		db.SetAttributes(attribute.String("db.system", "mysql"), attribute.String("paysvc.order_no", p.OrderNo))
 		db.End(errText(err))
 	}
-	kind, _ := classify(err)
 	if err == nil {
 		fault.Point("after_commit")
 	}
+	return err
+}
+
+// finishClaim ends the claim this call holds (held), after the payment
+// returned err: applied or a duplicate, the key is marked done; anything
+// else releases it. Both are bounded even when ctx has ended.
+func (c *Consumer) finishClaim(ctx context.Context, orderNo, key string, claim idem.Claim, held bool, err error, log *zap.Logger) {
+	kind, _ := classify(err)
 	bg, cancelBg := context.WithTimeout(context.WithoutCancel(ctx), lateWriteTimeout)
 	defer cancelBg()
 	switch {
@@ -135,17 +150,15 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery, span tracing.Spa
 			// Redis let the message through as new; the database had it.
 			c.m.Disagreements.WithLabelValues("redis_new_db_applied").Inc()
 			log.Info("redis and database disagree: key was new, the database had the payment",
-				zap.String("order_no", p.OrderNo), zap.String("idem_key", out.key))
+				zap.String("order_no", orderNo), zap.String("idem_key", key))
 		}
-		if err := c.guard.Done(bg, p.OrderNo); err != nil {
+		if err := c.guard.Done(bg, orderNo); err != nil {
 			log.Warn("could not mark the key done; its lease will expire and the database stays the guard",
-				zap.String("order_no", p.OrderNo), zap.Error(err))
+				zap.String("order_no", orderNo), zap.Error(err))
 		}
 	default:
-		c.release(ctx, p.OrderNo, cs.claim, "failure", log)
+		c.release(ctx, orderNo, claim, "failure", log)
 	}
-	held = false
-	return settle(err)
 }
 
 // claimState is what claiming an order's Redis key found.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,19 +12,22 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/paysvc/paysvc/internal/broker"
-	"github.com/paysvc/paysvc/internal/fault"
 	"github.com/paysvc/paysvc/internal/idem"
 	"github.com/paysvc/paysvc/internal/trace"
 	"github.com/paysvc/paysvc/internal/tracing"
 )
 
-// process handles one delivery and tells the broker. It is the only place
-// that acks. While a dependency is down it holds the delivery and handles it
-// again once the dependency answers: returned to the broker, it would count
-// as a failed delivery on a quorum queue. It lets go of it (nack, requeue)
-// only when sess ends: shutdown or a lost broker session. route decides
-// what the broker is told; process then does it, and logs, counts, records
-// and exports the result.
+// process takes one delivery to its end, and is the only place that
+// acks. It reads as the delivery's story:
+//
+//   - handleThroughOutages handles it (handle), holding it while a
+//     dependency is down and handling it again once the dependency
+//     answers: returned to the broker, it would count as a failed delivery
+//     on a quorum queue. It lets go of it (nack, requeue) only when sess
+//     ends: shutdown or a lost broker session;
+//   - route decides its fate: what the broker is told;
+//   - settle tells the broker: publishes the copy, acks or nacks;
+//   - report logs, counts, records and exports the result.
 func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery, pause chan<- error) {
 	start := time.Now()
 	c.noteEnqueued(d, start)
@@ -34,16 +36,26 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 	// root of a new trace. Every log line of the message carries its trace
 	// id; every copy paysvc publishes of it carries the span as parent.
 	in, traced := tracing.FromHeaders(d.Headers)
-	msgSpan := c.cfg.Spans.Start(in, traced, MainQueue+" process", tracing.KindConsumer, start)
-	span := msgSpan.Context
-	traceID := zap.String("trace_id", span.TraceIDHex())
-	log := c.log.With(traceID)
-	var out outcome
+	span := c.cfg.Spans.Start(in, traced, MainQueue+" process", tracing.KindConsumer, start)
+	log := c.log.With(zap.String("trace_id", span.Context.TraceIDHex()))
+
+	out, letGo := c.handleThroughOutages(ctx, sess, d, span, log)
+	// The message's fate (route.go): its result, and the copy to publish.
+	a := route(out, d.Headers, c.cfg.Retry, letGo)
+	s := c.settle(ctx, sess, cp, d, a, out.orderNo, span.Context, log, pause)
+	c.report(ctx, d, out, a, s, span, start, log)
+}
+
+// handleThroughOutages handles d until its outcome is not an outage, or
+// sess ends while it is held (letGo). While consumption is paused it waits
+// before the first try. A duplicate found after a COMMIT of this
+// delivery's came back unknown is resolved: applied, if that COMMIT
+// applied it.
+func (c *Consumer) handleThroughOutages(ctx, sess context.Context, d amqp.Delivery, span tracing.Span, log *zap.Logger) (out outcome, letGo bool) {
 	held := broker.Backoff{Max: c.cfg.MaxBackoff}
-	letGo := false   // held through an outage until the session ended
 	unknown := false // a round of this delivery's ended with its COMMIT's outcome unknown
 	for {
-		if r := c.pausedFor(); r != ReasonNone && !fault.Mutated("park_unavailable") {
+		if r := c.pausedFor(); r != ReasonNone {
 			// Consumption is paused: this message waits with the others
 			// instead of trying a dependency that does not take work (a
 			// stalled write would hold a connection for the handling
@@ -53,9 +65,9 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 				break
 			}
 		}
-		out = c.handle(ctx, d, msgSpan, log)
+		out = c.handle(ctx, d, span, log)
 		unknown = unknown || out.class == ClassCommitUnknown
-		if out.kind != Unavailable || fault.Mutated("park_unavailable") {
+		if out.kind != Unavailable {
 			break
 		}
 		var down error
@@ -77,51 +89,66 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 		}
 	}
 	if out.kind == Duplicate && (unknown || ClassCommitUnknown == Class(headerString(d.Headers, HeaderErrorClass))) &&
-		c.committedBy(ctx, out.orderNo, span, log) {
+		c.committedBy(ctx, out.orderNo, span.Context, log) {
 		// The COMMIT whose reply was lost (in this delivery's earlier round,
 		// or in the copy's that came back alone) applied the payment: this
 		// delivery is the one that paid it.
 		out.kind, out.resolved = Applied, true
 	}
-	routed := out
-	if fault.Mutated("park_unavailable") && routed.kind == Unavailable {
-		routed.kind = Terminal // a deliberately broken build: outages dead-letter payable payments
-	}
-	a := route(routed, d.Headers, c.cfg.Retry, letGo)
+	return out, letGo
+}
 
-	// The broker I/O. A copy that is not safely stored sends the original
-	// back instead, and restarts the session (reconnect, redeclare) before
-	// more is taken.
-	result, attempt := a.result, a.attempt
-	var brokerErr error
+// settled is what the broker was told about a delivery: the result and
+// attempt the log line and the metrics report (a copy that could not be
+// published turns the action's into a REQUEUE), and the broker's error.
+type settled struct {
+	result    Result
+	attempt   int
+	brokerErr error
+}
+
+// settle carries out a: the broker I/O. A copy that is not safely stored
+// sends the original back instead, and restarts the session (reconnect,
+// redeclare) before more is taken.
+func (c *Consumer) settle(ctx, sess context.Context, cp copier, d amqp.Delivery, a action, orderNo string,
+	span tracing.Context, log *zap.Logger, pause chan<- error) settled {
+	s := settled{result: a.result, attempt: a.attempt}
 	switch {
 	case a.copy != nil:
 		msg := a.copy.publishing(d, time.Now())
 		msg.Headers[tracing.Header] = span.String()
 		if err := cp.publish(ctx, sess, a.copy.exchange, a.copy.queue, msg, c.m.Held.WithLabelValues("broker")); err != nil {
-			result, attempt, brokerErr = ResultRequeue, retryCount(d.Headers), d.Nack(false, true)
-			log.Error("copy not published; message requeued", zap.String("order_no", out.orderNo),
+			s.result, s.attempt, s.brokerErr = ResultRequeue, retryCount(d.Headers), d.Nack(false, true)
+			log.Error("copy not published; message requeued", zap.String("order_no", orderNo),
 				zap.String("queue", a.copy.queue), zap.Error(err))
 			signal(pause, fmt.Errorf("publish: %w", err))
 		} else {
-			brokerErr = d.Ack(false)
+			s.brokerErr = d.Ack(false)
 			if a.copy.queue == MainQueue {
 				c.m.RequeuedAlone.Inc()
 			}
-			c.retrySent(ctx, out.orderNo, a.copy, log)
+			c.retrySent(ctx, orderNo, a.copy, log)
 		}
 	case a.nack:
-		brokerErr = d.Nack(false, true)
+		s.brokerErr = d.Nack(false, true)
 	default:
-		brokerErr = d.Ack(false)
+		s.brokerErr = d.Ack(false)
 	}
+	return s
+}
 
+// report tells everyone else what became of the delivery: the metrics,
+// the trace event (every result but FIRST), the message's span, and the
+// "message handled" line (FIRST through the sampled FirstLog), or
+// "outcome not acknowledged" when the broker did not take the ack or nack.
+func (c *Consumer) report(ctx context.Context, d amqp.Delivery, out outcome, a action, s settled,
+	span tracing.Span, start time.Time, log *zap.Logger) {
 	fields := []zap.Field{
-		traceID,
+		zap.String("trace_id", span.Context.TraceIDHex()),
 		zap.String("order_no", out.orderNo),
 		zap.String("idem_key", out.key),
-		zap.String("result", result.String()),
-		zap.Int("attempt", attempt),
+		zap.String("result", s.result.String()),
+		zap.Int("attempt", s.attempt),
 		zap.String("error_class", string(out.class)),
 		zap.Duration("duration", time.Since(start)),
 		zap.Uint64("delivery_tag", d.DeliveryTag),
@@ -136,41 +163,47 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 	if a.err != nil && out.kind != Duplicate {
 		fields = append(fields, zap.NamedError("error", a.err))
 	}
-	c.m.Messages.WithLabelValues(result.String()).Inc()
+	c.m.Messages.WithLabelValues(s.result.String()).Inc()
 	c.m.Duration.Observe(time.Since(start).Seconds())
 	if out.class != ClassNone {
 		c.m.Errors.WithLabelValues(string(out.class)).Inc()
 	}
-	if result != ResultFirst && out.orderNo != "" && c.cfg.Events != nil {
-		detail := ""
-		if a.err != nil && out.kind != Duplicate {
-			detail = a.err.Error()
-		}
-		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateWriteTimeout)
-		if err := c.cfg.Events.Record(bg, trace.Event{OrderNo: out.orderNo, Event: result.String(),
-			ErrorClass: string(out.class), Attempt: attempt, Detail: detail}); err != nil {
-			log.Warn("could not record the outcome for trace", zap.String("order_no", out.orderNo), zap.Error(err))
-		}
-		cancel()
+	if s.result != ResultFirst && out.orderNo != "" && c.cfg.Events != nil {
+		c.recordOutcome(ctx, out, a, s, log)
 	}
-	if msgSpan.Recording() {
-		msgSpan.SetAttributes(attribute.String("messaging.system", "rabbitmq"), attribute.String("messaging.destination.name", MainQueue),
+	if span.Recording() {
+		span.SetAttributes(attribute.String("messaging.system", "rabbitmq"), attribute.String("messaging.destination.name", MainQueue),
 			attribute.String("messaging.operation", "process"), attribute.String("paysvc.order_no", out.orderNo),
-			attribute.String("paysvc.result", result.String()), attribute.String("paysvc.error_class", string(out.class)))
-		msgSpan.End(errText(a.err))
+			attribute.String("paysvc.result", s.result.String()), attribute.String("paysvc.error_class", string(out.class)))
+		span.End(errText(a.err))
 	}
-	if brokerErr != nil {
+	if s.brokerErr != nil {
 		// The channel is gone; the broker redelivers and the guards find the
 		// outcome.
-		fields = append(fields, zap.NamedError("broker_error", brokerErr))
+		fields = append(fields, zap.NamedError("broker_error", s.brokerErr))
 		c.log.Warn("outcome not acknowledged", fields...)
 		return
 	}
-	if result == ResultFirst {
+	if s.result == ResultFirst {
 		c.cfg.FirstLog.Info("message handled", fields...)
 		return
 	}
 	c.log.Info("message handled", fields...)
+}
+
+// recordOutcome records the delivery's result in the order's timeline
+// (paysvc trace), bounded even when ctx has ended; a failure is logged.
+func (c *Consumer) recordOutcome(ctx context.Context, out outcome, a action, s settled, log *zap.Logger) {
+	detail := ""
+	if a.err != nil && out.kind != Duplicate {
+		detail = a.err.Error()
+	}
+	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateWriteTimeout)
+	if err := c.cfg.Events.Record(bg, trace.Event{OrderNo: out.orderNo, Event: s.result.String(),
+		ErrorClass: string(out.class), Attempt: s.attempt, Detail: detail}); err != nil {
+		log.Warn("could not record the outcome for trace", zap.String("order_no", out.orderNo), zap.Error(err))
+	}
+	cancel()
 }
 
 // retrySent enters a copy published to a wait queue in the retry ledger
@@ -261,9 +294,6 @@ func (c *Consumer) hold(sess context.Context, bo *broker.Backoff, class Class, w
 	held.Inc()
 	defer held.Dec()
 	if c.paused.Add(1) == 1 {
-		if fault.Mutated("exit_on_pause") {
-			os.Exit(3) // a deliberately broken build: crashes on an outage
-		}
 		c.setPauseReason(reason)
 		c.m.Pauses.WithLabelValues(string(class)).Inc()
 		c.m.Paused.Set(1)

@@ -17,6 +17,7 @@
 //
 //	paychaos [-binary bin/paysvc-faultinject] [-only a,b] [-seed N]      the suite (make chaos)
 //	paychaos -soak -seed N -duration 10m                                  a seeded random mix (make soak)
+//	paychaos -mutation NAME [-only a,b]                                   the suite against a deliberately broken build (mutants.go)
 //
 // It prints a table and, last, "N passed, M failed"; the exit status is 1 if
 // any scenario failed.
@@ -45,11 +46,8 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// Demonstration switches (see the flags).
-var (
-	mutation string
-	noFault  bool
-)
+// noFault is a demonstration switch (see the flag).
+var noFault bool
 
 // spread is how long the published load of a scenario is spread over, so
 // that every fault meets work in progress.
@@ -94,7 +92,8 @@ func suite() int {
 	duration := flag.Duration("duration", 10*time.Minute, "soak duration")
 	orders := flag.Int("orders", 240, "orders per scenario")
 	logDir := flag.String("logs", "tmp/chaos", "where instance logs go")
-	flag.StringVar(&mutation, "mutation", "", "PAYSVC_FAULT_MUTATION for every instance: a deliberately broken build, to see the suite fail")
+	mutation := flag.String("mutation", "", "build paysvc with this deliberate defect (mutants.go) from -source and run against it instead of -binary, to see the suite fail")
+	source := flag.String("source", ".", "the paysvc source tree (module root) a -mutation build patches a copy of")
 	flag.BoolVar(&noFault, "no-fault", false, "inject nothing (crash points included): to see the evidence checks fail")
 	flag.Parse()
 	zerolog.SetGlobalLevel(zerolog.Disabled)    // toxiproxy's own logging
@@ -108,6 +107,23 @@ func suite() int {
 		amqpURL:   env("PAYSVC_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		redisAddr: env("PAYSVC_TEST_REDIS_ADDR", "127.0.0.1:6379"),
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if *mutation != "" {
+		dir, err := os.MkdirTemp("", "paychaos-mutant-bin-")
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "paychaos: %v\n", err)
+			return 2
+		}
+		defer os.RemoveAll(dir)
+		*binary = filepath.Join(dir, "paysvc-"+*mutation)
+		m, err := buildMutant(ctx, *source, *mutation, *binary)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "paychaos: %v\n", err)
+			return 2
+		}
+		fmt.Printf("paychaos mutation=%s: %s\n", m.name, m.breaks)
+	}
 	if abs, err := filepath.Abs(*binary); err == nil {
 		*binary = abs
 	}
@@ -115,8 +131,6 @@ func suite() int {
 		fmt.Fprintf(os.Stderr, "paychaos: %v (build it: make chaos)\n", err)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	fmt.Printf("paychaos seed=%d\n", *seed)
 
 	var results []result

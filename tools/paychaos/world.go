@@ -339,7 +339,6 @@ func (w *world) env() []string {
 		"PAYSVC_AMQP_DRAINTIMEOUT=10s",
 		"PAYSVC_HTTP_ADDR=",
 		"PAYSVC_METRICS_QUEUEINTERVAL=1s",
-		"PAYSVC_FAULT_MUTATION="+mutation,
 	)
 }
 
