@@ -25,7 +25,7 @@ import (
 	"github.com/paysvc/paysvc/internal/reconcile"
 	"github.com/paysvc/paysvc/internal/replay"
 	"github.com/paysvc/paysvc/internal/sqldb"
-	"github.com/paysvc/paysvc/internal/trace"
+	"github.com/paysvc/paysvc/internal/timeline"
 	"github.com/paysvc/paysvc/internal/tracing"
 )
 
@@ -120,7 +120,7 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		Blocked: m.BrokerBlocked.WithLabelValues("outbox")}
 	orders.NoticeLease, orders.OnCommitted = outbox.LeaseTime, dispatcher.Offer
 	deadLetters := deadletter.NewStore(db)
-	events := &trace.Recorder{DB: db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())}
+	events := &timeline.Recorder{DB: db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())}
 
 	// Three batchers hand what waits at one moment to one round trip
 	// (internal/batch), each started here and stopped after the consumer

@@ -15,7 +15,7 @@ import (
 	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/fault"
 	"github.com/paysvc/paysvc/internal/idem"
-	"github.com/paysvc/paysvc/internal/trace"
+	"github.com/paysvc/paysvc/internal/timeline"
 	"github.com/paysvc/paysvc/internal/tracing"
 )
 
@@ -147,7 +147,7 @@ func (c *Consumer) process(ctx, sess context.Context, cp copier, d amqp.Delivery
 			detail = a.err.Error()
 		}
 		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateWriteTimeout)
-		if err := c.cfg.Events.Record(bg, trace.Event{OrderNo: out.orderNo, Event: result.String(),
+		if err := c.cfg.Events.Record(bg, timeline.Event{OrderNo: out.orderNo, Event: result.String(),
 			ErrorClass: string(out.class), Attempt: attempt, Detail: detail}); err != nil {
 			log.Warn("could not record the outcome for trace", zap.String("order_no", out.orderNo), zap.Error(err))
 		}

@@ -1,4 +1,4 @@
-package trace
+package timeline
 
 import (
 	"bufio"
@@ -22,10 +22,10 @@ type Entry struct {
 	What   string
 }
 
-// Timeline gathers what the database knows about an order: the order row,
+// FromDB gathers what the database knows about an order: the order row,
 // its flows and reversals, its notice, recorded outcomes, and its dead letter
 // with history; sorted by time.
-func Timeline(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error) {
+func FromDB(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error) {
 	var out []Entry
 	add := func(at time.Time, src, format string, args ...any) {
 		out = append(out, Entry{At: at, Source: src, What: fmt.Sprintf(format, args...)})
