@@ -31,7 +31,7 @@ import (
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/order"
-	"github.com/paysvc/paysvc/internal/sandbox"
+	"github.com/paysvc/paysvc/internal/scratch"
 	"github.com/paysvc/paysvc/internal/sqldb"
 	"github.com/paysvc/paysvc/internal/timeline"
 )
@@ -181,7 +181,7 @@ func redisCeiling(ctx context.Context, o *options, conc, n int) (float64, error)
 	}
 	wg.Wait()
 	rate := float64(n) / time.Since(start).Seconds()
-	sandbox.DeleteKeys(ctx, rdb, prefix)
+	scratch.DeleteKeys(ctx, rdb, prefix)
 	return rate, nil
 }
 
