@@ -32,7 +32,7 @@ func traceCmd(fs *flag.FlagSet) runFunc {
 			return c.usageError("trace: want one ORDER_NO")
 		}
 		orderNo := c.args[0]
-		cfg, db, err := c.openTool(ctx, true)
+		cfg, db, err := c.openForOperator(ctx, true)
 		if err != nil {
 			return err
 		}
