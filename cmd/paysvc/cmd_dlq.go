@@ -133,7 +133,7 @@ func dlqList(fs *flag.FlagSet) runFunc {
 				return c.usageError("dlq list: --%v", err)
 			}
 		}
-		_, db, err := c.openTool(ctx, true)
+		_, db, err := c.openForOperator(ctx, true)
 		if err != nil {
 			return err
 		}
@@ -167,7 +167,7 @@ func dlqShow(fs *flag.FlagSet) runFunc {
 		if sel.empty() {
 			return c.usageError("dlq show: want ORDER_NO, --order ORDER_NO or --id N")
 		}
-		_, db, err := c.openTool(ctx, true)
+		_, db, err := c.openForOperator(ctx, true)
 		if err != nil {
 			return err
 		}
@@ -240,7 +240,7 @@ func dlqReplay(fs *flag.FlagSet) runFunc {
 			// One would be ignored without a word.
 			return c.usageError("dlq replay: name rows (ORDER_NO, --order, --id) or select them (--class, --all), not both")
 		}
-		cfg, db, err := c.openTool(ctx, true)
+		cfg, db, err := c.openForOperator(ctx, true)
 		if err != nil {
 			return err
 		}
@@ -304,7 +304,7 @@ func dlqDiscard(fs *flag.FlagSet) runFunc {
 		if sel.empty() {
 			return c.usageError("dlq discard: want ORDER_NO, --order ORDER_NO or --id N")
 		}
-		_, db, err := c.openTool(ctx, true)
+		_, db, err := c.openForOperator(ctx, true)
 		if err != nil {
 			return err
 		}

@@ -103,7 +103,7 @@ func reconcileCmd(fs *flag.FlagSet) runFunc {
 		if err := deadletter.CheckAudit(who, *reason); err != nil {
 			return c.usageError("reconcile: %v", err)
 		}
-		cfg, db, err := c.openTool(ctx, false)
+		cfg, db, err := c.openForOperator(ctx, false)
 		if err != nil {
 			return err
 		}

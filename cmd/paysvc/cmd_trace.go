@@ -12,7 +12,7 @@ import (
 
 	"github.com/paysvc/paysvc/internal/idem"
 	"github.com/paysvc/paysvc/internal/sqldb"
-	"github.com/paysvc/paysvc/internal/trace"
+	"github.com/paysvc/paysvc/internal/timeline"
 )
 
 // traceCommands tell what happened to one order.
@@ -32,27 +32,27 @@ func traceCmd(fs *flag.FlagSet) runFunc {
 			return c.usageError("trace: want one ORDER_NO")
 		}
 		orderNo := c.args[0]
-		cfg, db, err := c.openTool(ctx, true)
+		cfg, db, err := c.openForOperator(ctx, true)
 		if err != nil {
 			return err
 		}
 		defer db.Close()
-		entries, err := trace.Timeline(ctx, db, orderNo)
+		entries, err := timeline.FromDB(ctx, db, orderNo)
 		if err != nil {
 			return err
 		}
-		entries = trace.Merge(entries, redisEntries(ctx, cfg, db, orderNo, time.Now()))
+		entries = timeline.Merge(entries, redisEntries(ctx, cfg, db, orderNo, time.Now()))
 		for _, path := range logs {
 			f, err := os.Open(path)
 			if err != nil {
 				return err
 			}
-			fromLog, err := trace.FromLog(f, orderNo)
+			fromLog, err := timeline.FromLog(f, orderNo)
 			f.Close()
 			if err != nil {
 				return err
 			}
-			entries = trace.Merge(entries, fromLog)
+			entries = timeline.Merge(entries, fromLog)
 		}
 		if len(entries) == 0 {
 			return fmt.Errorf("trace: nothing known about order %s", orderNo)
@@ -68,9 +68,9 @@ func traceCmd(fs *flag.FlagSet) runFunc {
 
 // redisEntries reads what Redis knows of the order: its guard key and its
 // retry copies. Redis trouble is one entry saying so.
-func redisEntries(ctx context.Context, cfg *Config, db *sqldb.DB, orderNo string, now time.Time) []trace.Entry {
-	unread := func(err error) []trace.Entry {
-		return []trace.Entry{{At: now, Source: "redis", What: "Redis not read: " + err.Error()}}
+func redisEntries(ctx context.Context, cfg *Config, db *sqldb.DB, orderNo string, now time.Time) []timeline.Entry {
+	unread := func(err error) []timeline.Entry {
+		return []timeline.Entry{{At: now, Source: "redis", What: "Redis not read: " + err.Error()}}
 	}
 	ropts, err := cfg.redisOptions(2)
 	if err != nil {
@@ -94,7 +94,7 @@ func redisEntries(ctx context.Context, cfg *Config, db *sqldb.DB, orderNo string
 
 // keyEntries says what the order's guard key holds. A done key whose order
 // is INIT or missing is a payment paysvc applied and the database lost.
-func keyEntries(ctx context.Context, guard *idem.Guard, db *sqldb.DB, ttl time.Duration, orderNo string, now time.Time) ([]trace.Entry, error) {
+func keyEntries(ctx context.Context, guard *idem.Guard, db *sqldb.DB, ttl time.Duration, orderNo string, now time.Time) ([]timeline.Entry, error) {
 	st, left, err := guard.Peek(ctx, orderNo)
 	if err != nil || st == 0 {
 		return nil, err
@@ -104,12 +104,12 @@ func keyEntries(ctx context.Context, guard *idem.Guard, db *sqldb.DB, ttl time.D
 		if st == idem.Foreign {
 			what = "Redis key holds a value paysvc does not write (a hand-written consumer's mark): the database decides alone"
 		}
-		return []trace.Entry{{At: now, Source: "redis", What: what}}, nil
+		return []timeline.Entry{{At: now, Source: "redis", What: what}}, nil
 	}
 	// Marked when it had ttl to live (idempotent.ttl, as this
 	// configuration says: the daemon's may differ).
 	at := now.Add(left - ttl)
-	out := []trace.Entry{{At: at, Source: "redis", What: fmt.Sprintf("Redis key done: paysvc committed the payment (key expires %s)",
+	out := []timeline.Entry{{At: at, Source: "redis", What: fmt.Sprintf("Redis key done: paysvc committed the payment (key expires %s)",
 		now.Add(left).UTC().Format(time.RFC3339))}}
 	var status []string
 	if err := db.SelectContext(ctx, &status, "SELECT status FROM t_order WHERE order_no = ?", orderNo); err != nil {
@@ -120,7 +120,7 @@ func keyEntries(ctx context.Context, guard *idem.Guard, db *sqldb.DB, ttl time.D
 		if len(status) > 0 {
 			order = "INIT"
 		}
-		out = append(out, trace.Entry{At: now, Source: "redis", What: "the order is " + order + " while its Redis key says done: " +
+		out = append(out, timeline.Entry{At: now, Source: "redis", What: "the order is " + order + " while its Redis key says done: " +
 			"a payment paysvc applied that the database lost (a failover or restore); `paysvc reconcile` lists it, " +
 			"`paysvc reconcile --fix` re-drives it (docs/operations.md, \"Payments lost in a database failover\")"})
 	}
@@ -130,12 +130,12 @@ func keyEntries(ctx context.Context, guard *idem.Guard, db *sqldb.DB, ttl time.D
 // retryEntries lists the order's retry copies the retry ledger still
 // watches: where each was published and when it is (or was) due back. An
 // overdue one was stranded in its wait queue, or nothing brought it back.
-func retryEntries(ctx context.Context, guard *idem.Guard, orderNo string, now time.Time) ([]trace.Entry, error) {
+func retryEntries(ctx context.Context, guard *idem.Guard, orderNo string, now time.Time) ([]timeline.Entry, error) {
 	copies, err := guard.Retries().Of(ctx, orderNo)
 	if err != nil {
 		return nil, err
 	}
-	var out []trace.Entry
+	var out []timeline.Entry
 	for _, rc := range copies {
 		what := fmt.Sprintf("retry copy of attempt %d last seen published to %s; not back yet", rc.Attempt, rc.Queue)
 		if now.After(rc.OverdueAt) {
@@ -143,7 +143,7 @@ func retryEntries(ctx context.Context, guard *idem.Guard, orderNo string, now ti
 				"stranded in the queue (docs/operations.md, \"Retry copies overdue\")",
 				rc.Attempt, rc.Queue, rc.OverdueAt.UTC().Format(time.RFC3339))
 		}
-		out = append(out, trace.Entry{At: rc.OverdueAt, Source: "retry", What: what})
+		out = append(out, timeline.Entry{At: rc.OverdueAt, Source: "retry", What: what})
 	}
 	return out, nil
 }

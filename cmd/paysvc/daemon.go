@@ -3,6 +3,8 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -25,13 +27,15 @@ import (
 	"github.com/paysvc/paysvc/internal/reconcile"
 	"github.com/paysvc/paysvc/internal/replay"
 	"github.com/paysvc/paysvc/internal/sqldb"
-	"github.com/paysvc/paysvc/internal/trace"
+	"github.com/paysvc/paysvc/internal/timeline"
 	"github.com/paysvc/paysvc/internal/tracing"
 )
 
-// daemon wires config → MySQL → Redis → consumer, parker, outbox dispatcher,
-// alerter, monitor, scheduled reconciliation and pruning → admin HTTP, and runs until ctx
-// ends. The consumer decides the exit: its drain comes first.
+// daemon runs paysvc until ctx ends. It starts, in this order, the health
+// listener, span export, the clients (MySQL, then Redis), the batchers, the
+// helpers that run beside the consumer and the admin pages, then runs the
+// consumer. The consumer decides the exit: its drain comes first, then
+// everything stops in the reverse order of its start.
 func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	logLimits(log)
 	// The health listener comes first, before any dependency: /healthz says
@@ -47,65 +51,131 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	if health != nil {
 		defer health.shutdown()
 	}
-	// Spans (trace.otlpEndpoint or the OTEL_* variables), set up before
-	// any dependency: a sampler paysvc does not know stops it at once. What
-	// is queued is exported last, after the consumer's last span, within
-	// what is left of the drain bound counted from the stop.
-	spans, err := tracing.Start(ctx, tracing.Options{Endpoint: cfg.Trace.OTLPEndpoint, SampleRatio: cfg.Trace.SampleRatio,
-		Version: version, Log: log, Dropped: func(reason string, n int) { m.SpansDropped.WithLabelValues(reason).Add(float64(n)) }})
+	spans, stopSpans, err := startSpans(ctx, cfg, m, log)
 	if err != nil {
 		return err
 	}
-	if spans != nil {
-		var stoppedAt atomic.Int64
-		stopWatch := context.AfterFunc(ctx, func() { stoppedAt.Store(time.Now().UnixNano()) })
-		defer func() {
-			stopWatch()
-			from := time.Now()
-			if at := stoppedAt.Load(); at != 0 {
-				from = time.Unix(0, at)
-			}
-			fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), from.Add(cfg.AMQP.DrainTimeout))
-			defer cancel()
-			if err := spans.Shutdown(fctx); err != nil {
-				log.Warn("spans not all exported at stop", zap.Error(err))
-			}
-		}()
-	}
+	defer stopSpans()
 	health.stage("waiting for MySQL")
+	cl, err := openClients(ctx, cfg, log)
+	if errors.Is(err, errStopped) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer cl.close()
+
+	p := newPieces(cfg, cl, m, log)
+	grouper, stopBatchers := startBatchers(cfg, cl, p, m)
+	defer stopBatchers()
+	consumer := newConsumer(cfg, cl, p, grouper, m, spans, log)
+	monitor, stopHelpers := startHelpers(ctx, cfg, cl, p, consumer, m, log)
+	defer stopHelpers()
+	if health != nil {
+		stopAdmin, err := serveAdmin(health, cfg, cl, p, consumer, monitor, log)
+		if err != nil {
+			return err
+		}
+		defer stopAdmin()
+	}
+	err = consumer.Run(ctx)
+	log.Info("paysvc stopped", zap.Error(err))
+	return err
+}
+
+// startSpans sets up span export (trace.otlpEndpoint or the OTEL_*
+// variables), before any dependency: a sampler paysvc does not know stops
+// it at once. stop exports what is queued, after the consumer's last span,
+// within what is left of the drain bound counted from the end of ctx.
+// Without export, spans is nil and stop does nothing.
+func startSpans(ctx context.Context, cfg *Config, m *metrics.Metrics, log *zap.Logger) (spans *tracing.Tracer, stop func(), err error) {
+	spans, err = tracing.Start(ctx, tracing.Options{Endpoint: cfg.Trace.OTLPEndpoint, SampleRatio: cfg.Trace.SampleRatio,
+		Version: version, Log: log, Dropped: func(reason string, n int) { m.SpansDropped.WithLabelValues(reason).Add(float64(n)) }})
+	if err != nil || spans == nil {
+		return nil, func() {}, err
+	}
+	var stoppedAt atomic.Int64
+	stopWatch := context.AfterFunc(ctx, func() { stoppedAt.Store(time.Now().UnixNano()) })
+	return spans, func() {
+		stopWatch()
+		from := time.Now()
+		if at := stoppedAt.Load(); at != 0 {
+			from = time.Unix(0, at)
+		}
+		fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), from.Add(cfg.AMQP.DrainTimeout))
+		defer cancel()
+		if err := spans.Shutdown(fctx); err != nil {
+			log.Warn("spans not all exported at stop", zap.Error(err))
+		}
+	}, nil
+}
+
+// errStopped: ctx ended while the daemon waited for MySQL.
+var errStopped = errors.New("stopped while waiting for MySQL")
+
+// clients are the daemon's connections to its dependencies.
+type clients struct {
+	db      *sqldb.DB
+	rdb     redis.UniversalClient
+	guard   *idem.Guard
+	amqpTLS *tls.Config // nil: the system roots
+}
+
+// openClients waits for MySQL, then opens the Redis client and its guard.
+func openClients(ctx context.Context, cfg *Config, log *zap.Logger) (*clients, error) {
 	db, err := openMySQL(ctx, cfg, log)
 	if err != nil && ctx.Err() != nil {
-		return nil // stopped while waiting
+		return nil, errStopped
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer db.Close()
-
 	ropts, err := cfg.redisOptions(cfg.AMQP.Workers + redisSpareConns)
 	if err != nil {
-		return err
+		db.Close()
+		return nil, err
 	}
 	amqpTLS, err := cfg.amqpTLS()
 	if err != nil {
-		return err
+		db.Close()
+		return nil, err
 	}
 	rdb := redis.NewUniversalClient(ropts)
-	defer rdb.Close()
 	guard := idem.New(rdb, idem.Config{
 		KeyPrefix: cfg.Idempotent.KeyPrefix,
 		TTL:       cfg.Idempotent.TTL,
 		Lease:     cfg.Idempotent.Lease,
 	})
+	return &clients{db: db, rdb: rdb, guard: guard, amqpTLS: amqpTLS}, nil
+}
 
+// close closes Redis, then MySQL.
+func (cl *clients) close() {
+	cl.rdb.Close()
+	cl.db.Close()
+}
+
+// pieces are what the consumer, its helpers and the admin pages share.
+type pieces struct {
+	name        string // the AMQP connection name
+	orders      *order.Store
+	dispatcher  *outbox.Dispatcher
+	deadLetters *deadletter.Store
+	events      *timeline.Recorder
+}
+
+// newPieces builds the payment store, the outbox dispatcher it hands its
+// notices to, the dead-letter store and the outcome recorder.
+func newPieces(cfg *Config, cl *clients, m *metrics.Metrics, log *zap.Logger) *pieces {
 	host, _ := os.Hostname()
-	name := fmt.Sprintf("paysvc %s %s/%d", version, host, os.Getpid())
-	orders := order.NewStore(db)
-	orders.OnRetry = func(error) { m.TxRetries.Inc() }
+	p := &pieces{name: fmt.Sprintf("paysvc %s %s/%d", version, host, os.Getpid())}
+	p.orders = order.NewStore(cl.db)
+	p.orders.OnRetry = func(error) { m.TxRetries.Inc() }
 	// A row another transaction holds locked: its payments wait alone, one
 	// per account at a time, and no group waits for it (order.Grouper).
-	orders.OnHeld = m.HeldLocked.Inc
-	orders.OnLocked = func(userID int64, orderNo string) {
+	p.orders.OnHeld = m.HeldLocked.Inc
+	p.orders.OnLocked = func(userID int64, orderNo string) {
 		if orderNo != "" {
 			log.Warn("order row found locked by another transaction: its payment runs alone", zap.String("order_no", orderNo))
 			return
@@ -115,29 +185,40 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	}
 	// The notices of the payments this process commits are born leased to
 	// it and handed straight to its dispatcher: no poll, no lease update.
-	dispatcher := &outbox.Dispatcher{DB: db, URL: cfg.AMQP.URL, TLS: amqpTLS, Name: name, Log: log,
+	p.dispatcher = &outbox.Dispatcher{DB: cl.db, URL: cfg.AMQP.URL, TLS: cl.amqpTLS, Name: p.name, Log: log,
 		Interval: dispatchInterval, Batch: dispatchBatch, Handoff: make(chan []string, dispatchHandoff),
 		Blocked: m.BrokerBlocked.WithLabelValues("outbox")}
-	orders.NoticeLease, orders.OnCommitted = outbox.LeaseTime, dispatcher.Offer
-	deadLetters := deadletter.NewStore(db)
-	events := &trace.Recorder{DB: db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())}
+	p.orders.NoticeLease, p.orders.OnCommitted = outbox.LeaseTime, p.dispatcher.Offer
+	p.deadLetters = deadletter.NewStore(cl.db)
+	p.events = &timeline.Recorder{DB: cl.db, Instance: fmt.Sprintf("%s/%d", host, os.Getpid())}
+	return p
+}
 
-	// Three batchers hand what waits at one moment to one round trip
-	// (internal/batch), each started here and stopped after the consumer
-	// has drained: payments that arrive together share a transaction
-	// (mysql.groupSize, mysql.groupConns; with groupSize 1 each is paid
-	// alone), claims and done marks share a Redis pipeline, and outcomes
-	// recorded together share an INSERT.
-	grouper := orders.StartGrouper(cfg.MySQL.GroupConns, cfg.MySQL.GroupSize, func(n int) { m.GroupSize.Observe(float64(n)) })
-	defer grouper.Stop()
-	stopPipeline := guard.StartPipeline(pipelineRunners, pipelineMax)
-	defer stopPipeline()
-	stopEvents := events.Start(eventRunners, eventMax)
-	defer stopEvents()
-	consumer := listener.New(listener.Config{
+// startBatchers starts the three batchers that hand what waits at one moment
+// to one round trip (internal/batch); stop, called after the consumer has
+// drained, stops them in the reverse order. Payments that arrive together
+// share a transaction (mysql.groupSize, mysql.groupConns; with groupSize 1
+// each is paid alone), claims and done marks share a Redis pipeline, and
+// outcomes recorded together share an INSERT.
+func startBatchers(cfg *Config, cl *clients, p *pieces, m *metrics.Metrics) (grouper *order.Grouper, stop func()) {
+	grouper = p.orders.StartGrouper(cfg.MySQL.GroupConns, cfg.MySQL.GroupSize, func(n int) { m.GroupSize.Observe(float64(n)) })
+	stopPipeline := cl.guard.StartPipeline(pipelineRunners, pipelineMax)
+	stopEvents := p.events.Start(eventRunners, eventMax)
+	return grouper, func() {
+		stopEvents()
+		stopPipeline()
+		grouper.Stop()
+	}
+}
+
+// newConsumer builds the consumer of the payment queue from the
+// configuration and the pieces.
+func newConsumer(cfg *Config, cl *clients, p *pieces, grouper *order.Grouper, m *metrics.Metrics,
+	spans *tracing.Tracer, log *zap.Logger) *listener.Consumer {
+	return listener.New(listener.Config{
 		URL:             cfg.AMQP.URL,
-		TLS:             amqpTLS,
-		ConnectionName:  name,
+		TLS:             cl.amqpTLS,
+		ConnectionName:  p.name,
 		Prefetch:        cfg.AMQP.Prefetch,
 		Workers:         cfg.AMQP.Workers,
 		Retry:           listener.RetryPolicy{Delays: cfg.Retry.Delays, MaxAttempts: cfg.Retry.MaxAttempts},
@@ -150,18 +231,25 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 		PublishTimeout:  publishTimeout,
 		MaxBackoff:      maxBackoff,
 		Metrics:         m,
-		Events:          events,
+		Events:          p.events,
 		FirstLog:        logging.Sampled(log, cfg.Log.FirstPerSecond, firstThereafter),
 		Spans:           spans,
-	}, orders, grouper, guard, log)
+	}, p.orders, grouper, cl.guard, log)
+}
 
-	// Helpers stop when the consumer has drained, not before.
+// startHelpers starts what runs beside the consumer: the parker, the mover,
+// the alerter (with alert.webhookURL), the outbox dispatcher, the monitor,
+// and the scheduled reconciliation, pruning and lost-payment sweep when
+// their intervals are set. They run until stop, which the daemon calls once
+// the consumer has drained, not before; stop waits for them to return.
+func startHelpers(ctx context.Context, cfg *Config, cl *clients, p *pieces, consumer *listener.Consumer,
+	m *metrics.Metrics, log *zap.Logger) (monitor *listener.Monitor, stop func()) {
 	helpers, stopHelpers := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	defer func() { stopHelpers(); wg.Wait() }()
+	stop = func() { stopHelpers(); wg.Wait() }
 
 	wake := make(chan struct{}, 1)
-	parker := &listener.Parker{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Store: deadLetters, Log: log, Metrics: m,
+	parker := &listener.Parker{URL: cfg.AMQP.URL, Name: p.name, TLS: cl.amqpTLS, Store: p.deadLetters, Log: log, Metrics: m,
 		ConsumerTimeout: cfg.AMQP.ConsumerTimeout,
 		OnParked: func(_ int64, becameNew bool) {
 			if becameNew {
@@ -172,22 +260,22 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 			}
 		}}
 	wg.Go(func() { parker.Run(helpers) })
-	mover := &listener.Mover{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Delays: cfg.Retry.Delays, Log: log, Metrics: m,
-		PublishTimeout: publishTimeout, ConsumerTimeout: cfg.AMQP.ConsumerTimeout, Ledger: guard.Retries()}
+	mover := &listener.Mover{URL: cfg.AMQP.URL, Name: p.name, TLS: cl.amqpTLS, Delays: cfg.Retry.Delays, Log: log, Metrics: m,
+		PublishTimeout: publishTimeout, ConsumerTimeout: cfg.AMQP.ConsumerTimeout, Ledger: cl.guard.Retries()}
 	wg.Go(func() { mover.Run(helpers) })
 	if cfg.Alert.WebhookURL != "" {
-		alerter := &deadletter.Alerter{Store: deadLetters, URL: cfg.Alert.WebhookURL, Log: log,
+		alerter := &deadletter.Alerter{Store: p.deadLetters, URL: cfg.Alert.WebhookURL, Log: log,
 			Client: &http.Client{Timeout: alertTimeout}, Interval: alertInterval, Wake: wake,
 			OnFailure: m.AlertFailures.Inc}
 		wg.Go(func() { alerter.Run(helpers) })
 	}
-	wg.Go(func() { dispatcher.Run(helpers) })
-	monitor := &listener.Monitor{URL: cfg.AMQP.URL, Name: name, TLS: amqpTLS, Delays: cfg.Retry.Delays, Store: deadLetters,
-		DB: db, Metrics: m, Interval: cfg.Metrics.QueueInterval, Log: log, Consumer: consumer, Redis: guard,
-		Parker: parker, Retries: guard.Retries()}
+	wg.Go(func() { p.dispatcher.Run(helpers) })
+	monitor = &listener.Monitor{URL: cfg.AMQP.URL, Name: p.name, TLS: cl.amqpTLS, Delays: cfg.Retry.Delays, Store: p.deadLetters,
+		DB: cl.db, Metrics: m, Interval: cfg.Metrics.QueueInterval, Log: log, Consumer: consumer, Redis: cl.guard,
+		Parker: parker, Retries: cl.guard.Retries()}
 	wg.Go(func() { monitor.Run(helpers) })
 	if cfg.Reconcile.Interval > 0 {
-		wg.Go(func() { scheduledReconcile(helpers, cfg, db, m, log) })
+		wg.Go(func() { scheduledReconcile(helpers, cfg, cl.db, m, log) })
 	}
 	if cfg.Prune.Interval > 0 {
 		wg.Go(func() { scheduledPrune(helpers, cfg, m, log) })
@@ -195,26 +283,28 @@ func daemon(ctx context.Context, cfg *Config, log *zap.Logger) error {
 	if cfg.Reconcile.LostSweepRate > 0 {
 		// Payments a database failover lost leave no row to find: their
 		// done keys in Redis are walked for orders the database has INIT.
-		sweeper := &reconcile.Sweeper{DB: db, Keys: guard, Rate: cfg.Reconcile.LostSweepRate, Every: cfg.Metrics.QueueInterval,
+		sweeper := &reconcile.Sweeper{DB: cl.db, Keys: cl.guard, Rate: cfg.Reconcile.LostSweepRate, Every: cfg.Metrics.QueueInterval,
 			Report: func(n int) { m.LostPayments.Set(float64(n)) }, Log: log}
 		wg.Go(func() { sweeper.Run(helpers) })
 	}
+	return monitor, stop
+}
 
-	if health != nil {
-		pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: name + " admin", Timeout: publishTimeout, TLS: amqpTLS}
-		defer pub.Close()
-		ops, err := cfg.adminOperators() // validated at load
-		if err != nil {
-			return err
-		}
-		health.serve(consumer, monitor, &admin.Server{Store: deadLetters, Operators: ops, Log: log,
-			InsecureCookie: !cfg.Admin.SecureCookie,
-			Sessions:       &admin.Sessions{DB: db, TTL: cfg.Admin.SessionTTL},
-			Replayer:       &replay.Replayer{Store: deadLetters, Orders: orders, DB: db, Publish: pub, Every: replay.DefaultEvery}})
+// serveAdmin wires the consumer, the monitor and the admin pages into the
+// health listener; stop closes the publisher the pages replay through.
+func serveAdmin(health *healthServer, cfg *Config, cl *clients, p *pieces, consumer *listener.Consumer,
+	monitor *listener.Monitor, log *zap.Logger) (stop func(), err error) {
+	pub := &broker.DialingPublisher{URL: cfg.AMQP.URL, Name: p.name + " admin", Timeout: publishTimeout, TLS: cl.amqpTLS}
+	ops, err := cfg.adminOperators() // validated at load
+	if err != nil {
+		pub.Close()
+		return nil, err
 	}
-	err = consumer.Run(ctx)
-	log.Info("paysvc stopped", zap.Error(err))
-	return err
+	health.serve(consumer, monitor, &admin.Server{Store: p.deadLetters, Operators: ops, Log: log,
+		InsecureCookie: !cfg.Admin.SecureCookie,
+		Sessions:       &admin.Sessions{DB: cl.db, TTL: cfg.Admin.SessionTTL},
+		Replayer:       &replay.Replayer{Store: p.deadLetters, Orders: p.orders, DB: cl.db, Publish: pub, Every: replay.DefaultEvery}})
+	return func() { pub.Close() }, nil
 }
 
 // The daemon's fixed shapes and bounds, which no setting changes.

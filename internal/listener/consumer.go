@@ -19,7 +19,7 @@ import (
 	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/order"
 	"github.com/paysvc/paysvc/internal/sqldb"
-	"github.com/paysvc/paysvc/internal/trace"
+	"github.com/paysvc/paysvc/internal/timeline"
 	"github.com/paysvc/paysvc/internal/tracing"
 )
 
@@ -55,8 +55,8 @@ type Config struct {
 	PublishTimeout  time.Duration // bound on one retry/terminal publish and its confirm
 	MaxBackoff      time.Duration // cap on reconnect and dependency-wait backoff
 
-	Metrics *metrics.Metrics // nil: an unregistered set
-	Events  *trace.Recorder  // nil: outcomes are only logged
+	Metrics *metrics.Metrics   // nil: an unregistered set
+	Events  *timeline.Recorder // nil: outcomes are only logged
 	// Spans, if not nil, exports a span per message and one for its
 	// database transaction (trace.otlpEndpoint); nil, the trace context
 	// still travels.

@@ -18,7 +18,7 @@ import (
 	"github.com/paysvc/paysvc/internal/logging"
 	"github.com/paysvc/paysvc/internal/money"
 	"github.com/paysvc/paysvc/internal/order"
-	"github.com/paysvc/paysvc/internal/sandbox"
+	"github.com/paysvc/paysvc/internal/scratch"
 	"github.com/paysvc/paysvc/internal/testenv"
 )
 
@@ -72,7 +72,7 @@ func TestConsumerAsksForItsDeliveryTimeout(t *testing.T) {
 	queues := []string{listener.MainQueue, listener.TerminalQueue, listener.OverflowQueue}
 	var listed string
 	testenv.Eventually(t, 10*time.Second, func() bool {
-		listed, err = sandbox.RabbitmqCtlOutput("list_consumers", "-p", strings.TrimPrefix(u.Path, "/"), "queue_name", "arguments")
+		listed, err = scratch.RabbitmqCtlOutput("list_consumers", "-p", strings.TrimPrefix(u.Path, "/"), "queue_name", "arguments")
 		return err == nil && strings.Count(listed, "\n") > len(queues)
 	}, "the consumers were never listed")
 	for _, q := range queues {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/idem"
-	"github.com/paysvc/paysvc/internal/trace"
+	"github.com/paysvc/paysvc/internal/timeline"
 	"github.com/paysvc/paysvc/internal/tracing"
 )
 
@@ -199,7 +199,7 @@ func (c *Consumer) recordOutcome(ctx context.Context, out outcome, a action, s s
 		detail = a.err.Error()
 	}
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), lateWriteTimeout)
-	if err := c.cfg.Events.Record(bg, trace.Event{OrderNo: out.orderNo, Event: s.result.String(),
+	if err := c.cfg.Events.Record(bg, timeline.Event{OrderNo: out.orderNo, Event: s.result.String(),
 		ErrorClass: string(out.class), Attempt: s.attempt, Detail: detail}); err != nil {
 		log.Warn("could not record the outcome for trace", zap.String("order_no", out.orderNo), zap.Error(err))
 	}

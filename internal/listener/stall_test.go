@@ -12,7 +12,7 @@ import (
 
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/order"
-	"github.com/paysvc/paysvc/internal/sandbox"
+	"github.com/paysvc/paysvc/internal/scratch"
 	"github.com/paysvc/paysvc/internal/testenv"
 )
 
@@ -154,7 +154,7 @@ func privateDatabase(t *testing.T) (string, *sqlx.DB) {
 	addr := testenv.MariaDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	d, err := sandbox.NewDatabase(ctx, "root@tcp("+addr+")/", testenv.Name(t), 16)
+	d, err := scratch.NewDatabase(ctx, "root@tcp("+addr+")/", testenv.Name(t), 16)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/paysvc/paysvc/internal/sandbox"
+	"github.com/paysvc/paysvc/internal/scratch"
 )
 
 // Channel opens a connection to url and a channel on it, closed at
@@ -181,11 +181,11 @@ func Unacked(t testing.TB, amqpURL string) map[string]int {
 		t.Fatal(err)
 	}
 	vhost := strings.TrimPrefix(u.Path, "/")
-	consumers, err := sandbox.RabbitmqCtlOutput("list_consumers", "-p", vhost, "channel_pid", "consumer_tag")
+	consumers, err := scratch.RabbitmqCtlOutput("list_consumers", "-p", vhost, "channel_pid", "consumer_tag")
 	if err != nil {
 		t.Fatal(err)
 	}
-	channels, err := sandbox.RabbitmqCtlOutput("list_channels", "-p", vhost, "pid", "messages_unacknowledged")
+	channels, err := scratch.RabbitmqCtlOutput("list_channels", "-p", vhost, "pid", "messages_unacknowledged")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func listQueue(t testing.TB, amqpURL, queue, column string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := sandbox.RabbitmqCtlOutput("list_queues", "-p", strings.TrimPrefix(u.Path, "/"), "name", column)
+	out, err := scratch.RabbitmqCtlOutput("list_queues", "-p", strings.TrimPrefix(u.Path, "/"), "name", column)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 // Package testenv gives integration tests isolated resources on the real
 // servers: a fresh MySQL database with the real migrations, a fresh RabbitMQ
 // vhost, a Redis key prefix. Everything is removed when the test ends.
+// It makes them through internal/scratch, which programs that are not tests
+// (the benchmark, the fault-injection suite) use directly.
 //
 // The servers default to loopback and can be moved with PAYSVC_TEST_MYSQL_DSN
 // (a DSN without database), PAYSVC_TEST_AMQP_URL (without vhost) and
@@ -22,7 +24,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/paysvc/paysvc/internal/sandbox"
+	"github.com/paysvc/paysvc/internal/scratch"
 )
 
 func env(key, def string) string {
@@ -50,7 +52,7 @@ func MySQL(t testing.TB) (string, *sqlx.DB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	d, err := sandbox.NewDatabase(ctx, env("PAYSVC_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/"), Name(t), 16)
+	d, err := scratch.NewDatabase(ctx, env("PAYSVC_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/"), Name(t), 16)
 	if err != nil {
 		t.Fatalf("mysql (start it: scripts/ensure-services.sh): %v", err)
 	}
@@ -72,8 +74,8 @@ func AMQP(t testing.TB) string {
 		user = u.User.Username()
 	}
 	vhost := Name(t)
-	t.Cleanup(func() { sandbox.DeleteVhost(vhost) })
-	vurl, err := sandbox.NewVhost(base, vhost, user)
+	t.Cleanup(func() { scratch.DeleteVhost(vhost) })
+	vurl, err := scratch.NewVhost(base, vhost, user)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +84,7 @@ func AMQP(t testing.TB) string {
 
 func rabbitmqctl(t testing.TB, args ...string) {
 	t.Helper()
-	if err := sandbox.RabbitmqCtl(args...); err != nil {
+	if err := scratch.RabbitmqCtl(args...); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -102,7 +104,7 @@ func Redis(t testing.TB) (*redis.Client, string) {
 	}
 	prefix := Name(t) + ":"
 	t.Cleanup(func() {
-		sandbox.DeleteKeys(context.Background(), rdb, prefix)
+		scratch.DeleteKeys(context.Background(), rdb, prefix)
 		rdb.Close()
 	})
 	return rdb, prefix

@@ -15,7 +15,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/paysvc/paysvc/internal/listener"
-	"github.com/paysvc/paysvc/internal/sandbox"
+	"github.com/paysvc/paysvc/internal/scratch"
 )
 
 // largeOptions are -only large's: the two seeded databases it measures on
@@ -100,9 +100,9 @@ func (s shape) canDraw(n int, hotShare float64) error {
 // database the bed does not own (closeShared leaves the database alone).
 func sharedBed(o *options, db *sqlx.DB, dsn, name string) (*bed, error) {
 	id := fmt.Sprintf("bench_%s_%x", name, rand.Uint32())
-	b := &bed{Database: &sandbox.Database{Name: id, DSN: dsn, DB: db}, prefix: id + ":"}
+	b := &bed{Database: &scratch.Database{Name: id, DSN: dsn, DB: db}, prefix: id + ":"}
 	var err error
-	if b.amqpURL, err = sandbox.NewVhost(o.amqpURL, id, "guest"); err != nil {
+	if b.amqpURL, err = scratch.NewVhost(o.amqpURL, id, "guest"); err != nil {
 		return nil, err
 	}
 	b.rdb = redis.NewClient(&redis.Options{Addr: o.redisAddr, PoolSize: 16})
@@ -125,8 +125,8 @@ func sharedBed(o *options, db *sqlx.DB, dsn, name string) (*bed, error) {
 }
 
 func (b *bed) closeShared() {
-	sandbox.DeleteVhost(b.Name)
-	sandbox.DeleteKeys(context.Background(), b.rdb, b.prefix)
+	scratch.DeleteVhost(b.Name)
+	scratch.DeleteKeys(context.Background(), b.rdb, b.prefix)
 	b.rdb.Close()
 }
 

@@ -31,9 +31,9 @@ import (
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/metrics"
 	"github.com/paysvc/paysvc/internal/order"
-	"github.com/paysvc/paysvc/internal/sandbox"
+	"github.com/paysvc/paysvc/internal/scratch"
 	"github.com/paysvc/paysvc/internal/sqldb"
-	"github.com/paysvc/paysvc/internal/trace"
+	"github.com/paysvc/paysvc/internal/timeline"
 )
 
 // mysqlCeiling runs the payment transaction from plain Go at concurrency conc
@@ -181,7 +181,7 @@ func redisCeiling(ctx context.Context, o *options, conc, n int) (float64, error)
 	}
 	wg.Wait()
 	rate := float64(n) / time.Since(start).Seconds()
-	sandbox.DeleteKeys(ctx, rdb, prefix)
+	scratch.DeleteKeys(ctx, rdb, prefix)
 	return rate, nil
 }
 
@@ -249,7 +249,7 @@ func startConsumer(ctx context.Context, b *bed, o *options, cc consumerConfig, r
 	log := zap.New(rec)
 	orders := order.NewStore(db)
 	orders.OnRetry = func(error) { m.TxRetries.Inc() }
-	events := &trace.Recorder{DB: db, Instance: "paybench"}
+	events := &timeline.Recorder{DB: db, Instance: "paybench"}
 	stopEvents := events.Start(2, 64) // as the daemon does
 	grouper := orders.StartGrouper(cc.groupConns, cc.groupSize, func(n int) { m.GroupSize.Observe(float64(n)) })
 	c := listener.New(listener.Config{

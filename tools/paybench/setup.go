@@ -13,12 +13,12 @@ import (
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/money"
 	"github.com/paysvc/paysvc/internal/order"
-	"github.com/paysvc/paysvc/internal/sandbox"
+	"github.com/paysvc/paysvc/internal/scratch"
 )
 
 // bed is one measurement's isolated database, vhost and key prefix.
 type bed struct {
-	*sandbox.Database // its Name is the vhost's too
+	*scratch.Database // its Name is the vhost's too
 	amqpURL           string
 	rdb               *redis.Client
 	prefix            string
@@ -28,12 +28,12 @@ var delays = []time.Duration{30 * time.Second, time.Minute, 5 * time.Minute}
 
 func newBed(ctx context.Context, o *options, name string) (*bed, error) {
 	id := fmt.Sprintf("bench_%s_%x", name, rand.Uint32())
-	d, err := sandbox.NewDatabase(ctx, o.mysqlDSN, id, 8)
+	d, err := scratch.NewDatabase(ctx, o.mysqlDSN, id, 8)
 	if err != nil {
 		return nil, err
 	}
 	b := &bed{Database: d, prefix: id + ":"}
-	if b.amqpURL, err = sandbox.NewVhost(o.amqpURL, b.Name, "guest"); err != nil {
+	if b.amqpURL, err = scratch.NewVhost(o.amqpURL, b.Name, "guest"); err != nil {
 		b.close()
 		return nil, err
 	}
@@ -54,9 +54,9 @@ func newBed(ctx context.Context, o *options, name string) (*bed, error) {
 
 func (b *bed) close() {
 	b.Database.Close()
-	sandbox.DeleteVhost(b.Name)
+	scratch.DeleteVhost(b.Name)
 	if b.rdb != nil {
-		sandbox.DeleteKeys(context.Background(), b.rdb, b.prefix)
+		scratch.DeleteKeys(context.Background(), b.rdb, b.prefix)
 		b.rdb.Close()
 	}
 }

@@ -15,7 +15,7 @@ import (
 
 	"github.com/paysvc/paysvc/internal/listener"
 	"github.com/paysvc/paysvc/internal/money"
-	"github.com/paysvc/paysvc/internal/sandbox"
+	"github.com/paysvc/paysvc/internal/scratch"
 )
 
 // settled reports whether every expected end state is reached: payable
@@ -211,7 +211,7 @@ func (w *world) totals() (map[string]queueCount, error) {
 			}
 		}
 	} else {
-		out, err = sandbox.RabbitmqCtlOutput(args...)
+		out, err = scratch.RabbitmqCtlOutput(args...)
 	}
 	if err != nil {
 		return nil, err

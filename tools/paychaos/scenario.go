@@ -12,7 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/paysvc/paysvc/internal/listener"
-	"github.com/paysvc/paysvc/internal/sandbox"
+	"github.com/paysvc/paysvc/internal/scratch"
 )
 
 // scenario is one fault, injected while the instances work.
@@ -183,7 +183,7 @@ var scenarios = []scenario{
 		verify: cleanTerms(2)},
 	{name: "broker-connections-closed", faults: "rabbitmqctl close_all_connections, 3 times",
 		inject: repeat(3, 400*time.Millisecond, func(ctx context.Context, w *world) error {
-			return sandbox.RabbitmqCtl("close_all_connections", "-p", w.vhost, "chaos")
+			return scratch.RabbitmqCtl("close_all_connections", "-p", w.vhost, "chaos")
 		}),
 		verify: atLeast(1, "consumer reconnects", msg("amqp session ended; reconnecting"))},
 	{name: "broker-restart", faults: "rabbitmqctl stop_app, start_app",
@@ -191,14 +191,14 @@ var scenarios = []scenario{
 			if !at(ctx, 200*time.Millisecond) {
 				return 0, nil
 			}
-			if err := sandbox.RabbitmqCtl("stop_app"); err != nil {
+			if err := scratch.RabbitmqCtl("stop_app"); err != nil {
 				return 0, err
 			}
 			at(ctx, time.Second)
-			if err := sandbox.RabbitmqCtl("start_app"); err != nil {
+			if err := scratch.RabbitmqCtl("start_app"); err != nil {
 				return 1, err
 			}
-			return 1, sandbox.RabbitmqCtl("await_startup")
+			return 1, scratch.RabbitmqCtl("await_startup")
 		},
 		verify: atLeast(1, "consumer reconnects", msg("amqp session ended; reconnecting"))},
 	{name: "redis-unreachable", faults: "Redis proxy down 3s (CLOSED: pause)",

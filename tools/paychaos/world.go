@@ -26,7 +26,7 @@ import (
 
 	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/listener"
-	"github.com/paysvc/paysvc/internal/sandbox"
+	"github.com/paysvc/paysvc/internal/scratch"
 )
 
 // Servers the suite runs against; loopback only.
@@ -44,7 +44,7 @@ type world struct {
 	binary   string
 	dir      string
 	dbName   string
-	database *sandbox.Database
+	database *scratch.Database
 	db       *sqlx.DB
 	admin    *sqlx.DB
 	vhost    string
@@ -140,7 +140,7 @@ func newWorld(ctx context.Context, name string, delays []time.Duration, srv serv
 	if err := w.setup(ctx, logDir, srv.mysqlDSN); err != nil {
 		return nil, err
 	}
-	if w.amqpURL, err = sandbox.NewVhost(srv.amqpURL, w.vhost, "guest"); err != nil {
+	if w.amqpURL, err = scratch.NewVhost(srv.amqpURL, w.vhost, "guest"); err != nil {
 		return w, err
 	}
 	cfg, err := mysql.ParseDSN(srv.mysqlDSN)
@@ -192,7 +192,7 @@ func (w *world) setup(ctx context.Context, logDir, mysqlDSN string) error {
 	if err := os.MkdirAll(w.dir, 0o755); err != nil {
 		return err
 	}
-	d, err := sandbox.NewDatabase(ctx, mysqlDSN, w.dbName, 8)
+	d, err := scratch.NewDatabase(ctx, mysqlDSN, w.dbName, 8)
 	if err != nil {
 		return err
 	}
@@ -276,7 +276,7 @@ func (w *world) close() {
 		w.cluster.saveLogs(w.dir)
 		w.cluster.deleteVhost(w.vhost)
 	} else {
-		sandbox.DeleteVhost(w.vhost)
+		scratch.DeleteVhost(w.vhost)
 	}
 	if w.rdb != nil {
 		w.deleteKeys()
@@ -284,7 +284,7 @@ func (w *world) close() {
 	}
 }
 
-func (w *world) deleteKeys() { sandbox.DeleteKeys(context.Background(), w.rdb, w.prefix) }
+func (w *world) deleteKeys() { scratch.DeleteKeys(context.Background(), w.rdb, w.prefix) }
 
 // instance is one paysvc process; the world restarts it when it dies, as an
 // orchestrator would.

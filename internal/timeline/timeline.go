@@ -1,4 +1,4 @@
-package trace
+package timeline
 
 import (
 	"bufio"
@@ -22,14 +22,34 @@ type Entry struct {
 	What   string
 }
 
-// Timeline gathers what the database knows about an order: the order row,
+// FromDB gathers what the database knows about an order: the order row,
 // its flows and reversals, its notice, recorded outcomes, and its dead letter
-// with history; sorted by time.
-func Timeline(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error) {
+// with history; sorted by time (entries at the same time in that order).
+func FromDB(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error) {
 	var out []Entry
-	add := func(at time.Time, src, format string, args ...any) {
-		out = append(out, Entry{At: at, Source: src, What: fmt.Sprintf(format, args...)})
+	for _, part := range []func(context.Context, *sqlx.DB, string) ([]Entry, error){
+		orderEntries, flowEntries, noticeEntries, eventEntries, deadLetterEntries,
+	} {
+		es, err := part(ctx, db, orderNo)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, es...)
 	}
+	sortEntries(out)
+	return out, nil
+}
+
+// entries collects one source's part of a timeline.
+type entries []Entry
+
+func (es *entries) add(at time.Time, src, format string, args ...any) {
+	*es = append(*es, Entry{At: at, Source: src, What: fmt.Sprintf(format, args...)})
+}
+
+// orderEntries: the order's creation, its payment, and a status other than
+// INIT or PAID.
+func orderEntries(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error) {
 	var orders []struct {
 		UserID  int64       `db:"user_id"`
 		Amount  money.Cents `db:"amount"`
@@ -42,15 +62,21 @@ func Timeline(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error)
 		FROM t_order WHERE order_no = ?`, orderNo); err != nil {
 		return nil, err
 	}
+	var out entries
 	for _, o := range orders {
-		add(o.Created, "order", "created: user %d, amount %s", o.UserID, o.Amount)
+		out.add(o.Created, "order", "created: user %d, amount %s", o.UserID, o.Amount)
 		if o.PayTime != nil {
-			add(*o.PayTime, "order", "INIT → PAID")
+			out.add(*o.PayTime, "order", "INIT → PAID")
 		}
 		if o.Status != "PAID" && o.Status != "INIT" {
-			add(o.Updated, "order", "status now %s", o.Status)
+			out.add(o.Updated, "order", "status now %s", o.Status)
 		}
 	}
+	return out, nil
+}
+
+// flowEntries: the account flows of the payment and of its reversal.
+func flowEntries(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error) {
 	var flows []struct {
 		ID      int64       `db:"id"`
 		UserID  int64       `db:"user_id"`
@@ -63,9 +89,17 @@ func Timeline(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error)
 		WHERE biz_no IN (?, ?) ORDER BY id`, orderNo, orderNo+"-REVERSE"); err != nil {
 		return nil, err
 	}
+	var out entries
 	for _, f := range flows {
-		add(f.Created, "flow", "%s %s user %d (flow %d, biz_no %s)", f.Type, f.Amount, f.UserID, f.ID, f.BizNo)
+		out.add(f.Created, "flow", "%s %s user %d (flow %d, biz_no %s)", f.Type, f.Amount, f.UserID, f.ID, f.BizNo)
 	}
+	return out, nil
+}
+
+// noticeEntries: the payment notice, queued and then published or still
+// pending. A notice not sent yet holds a placeholder sent_time, read only
+// for a SENT one.
+func noticeEntries(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error) {
 	var notices []struct {
 		Status   string     `db:"status"`
 		Attempts int        `db:"attempts"`
@@ -78,14 +112,20 @@ func Timeline(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error)
 		FROM t_outbox WHERE biz_no = ?`, orderNo); err != nil {
 		return nil, err
 	}
+	var out entries
 	for _, n := range notices {
-		add(n.Created, "outbox", "payment notice queued")
+		out.add(n.Created, "outbox", "payment notice queued")
 		if n.Sent != nil {
-			add(*n.Sent, "outbox", "payment notice published (attempt %d)", n.Attempts)
+			out.add(*n.Sent, "outbox", "payment notice published (attempt %d)", n.Attempts)
 		} else if n.LastErr != "" {
-			add(n.Created, "outbox", "payment notice pending after %d attempts: %s", n.Attempts, n.LastErr)
+			out.add(n.Created, "outbox", "payment notice pending after %d attempts: %s", n.Attempts, n.LastErr)
 		}
 	}
+	return out, nil
+}
+
+// eventEntries: the outcomes recorded for the order (Record).
+func eventEntries(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error) {
 	var events []struct {
 		Event    string    `db:"event"`
 		Class    string    `db:"error_class"`
@@ -98,6 +138,7 @@ func Timeline(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error)
 		FROM t_payment_event WHERE order_no = ? ORDER BY id`, orderNo); err != nil {
 		return nil, err
 	}
+	var out entries
 	for _, e := range events {
 		what := fmt.Sprintf("%s attempt %d", e.Event, e.Attempt)
 		if e.Class != "" {
@@ -106,8 +147,13 @@ func Timeline(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error)
 		if e.Detail != "" {
 			what += ": " + e.Detail
 		}
-		add(e.Created, "event", "%s [%s]", what, e.Instance)
+		out.add(e.Created, "event", "%s [%s]", what, e.Instance)
 	}
+	return out, nil
+}
+
+// deadLetterEntries: the history of each dead letter of the order.
+func deadLetterEntries(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error) {
 	var dls []struct {
 		ID     int64  `db:"id"`
 		Status string `db:"status"`
@@ -115,6 +161,7 @@ func Timeline(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error)
 	if err := db.SelectContext(ctx, &dls, "SELECT id, status FROM t_dead_letter WHERE order_no = ?", orderNo); err != nil {
 		return nil, err
 	}
+	var out entries
 	for _, d := range dls {
 		var hist []struct {
 			Event    string    `db:"event"`
@@ -139,10 +186,9 @@ func Timeline(ctx context.Context, db *sqlx.DB, orderNo string) ([]Entry, error)
 			if h.Result != "" {
 				what += ": " + h.Result
 			}
-			add(h.Created, "dead_letter", "%s", what)
+			out.add(h.Created, "dead_letter", "%s", what)
 		}
 	}
-	sortEntries(out)
 	return out, nil
 }
 

@@ -1,7 +1,9 @@
-// Package sandbox makes the isolated resources that tests, the benchmark and
-// the fault-injection suite run in: a migrated database of their own, a
-// RabbitMQ vhost of their own, and the deletion of a Redis key prefix.
-package sandbox
+// Package scratch makes and removes throwaway resources on the real
+// servers: a migrated database, a RabbitMQ vhost, the keys under a Redis
+// prefix. It works for any program, and its caller decides when they go:
+// the benchmark and the fault-injection suite call it directly, and
+// internal/testenv wraps it for tests, bound to a testing.TB.
+package scratch
 
 import (
 	"context"

@@ -14,13 +14,14 @@ import (
 	"github.com/paysvc/paysvc/migrations"
 )
 
-// The operator commands (dlq, reconcile, trace) share these.
+// The operator commands (dlq, reconcile, trace) share these: opening the
+// database, who the operator is, their flags and how they print.
 
-// openTool loads the configuration and opens the database for an operator
-// command. checkSchema: the schema must be complete (every command but
-// reconcile, which must run on legacy data before the unique index can be
-// added).
-func (c *cmdLine) openTool(ctx context.Context, checkSchema bool) (*Config, *sqldb.DB, error) {
+// openForOperator loads the configuration and opens the database for an
+// operator command. checkSchema: the schema must be complete (every command
+// but reconcile, which must run on legacy data before the unique index can
+// be added).
+func (c *cmdLine) openForOperator(ctx context.Context, checkSchema bool) (*Config, *sqldb.DB, error) {
 	cfg, err := c.config()
 	if err != nil {
 		return nil, nil, err

@@ -1,4 +1,4 @@
-package trace
+package timeline
 
 import (
 	"context"
@@ -18,7 +18,7 @@ func TestTimelineShowsANoticePublishedOnlyWhenSent(t *testing.T) {
 		VALUES ('payment.succeeded', 'TL2', '{}', 'SENT', 1, '2026-11-30 10:00:00.250')`)
 	lines := func(orderNo string) string {
 		t.Helper()
-		entries, err := Timeline(context.Background(), db, orderNo)
+		entries, err := FromDB(context.Background(), db, orderNo)
 		if err != nil {
 			t.Fatal(err)
 		}

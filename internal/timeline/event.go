@@ -1,7 +1,7 @@
-// Package trace records what happened to each order beyond its payment
+// Package timeline records what happened to each order beyond its payment
 // transaction (retries, terminal parking, duplicates, replays) and assembles
 // an order's timeline for `paysvc trace`.
-package trace
+package timeline
 
 import (
 	"context"
