@@ -85,19 +85,12 @@ func (d *Dispatcher) Offer(orderNos []string) {
 
 // Run publishes notices until ctx ends, reconnecting with backoff.
 func (d *Dispatcher) Run(ctx context.Context) {
-	bo := broker.Backoff{Max: 30 * time.Second}
-	for ctx.Err() == nil {
-		started := time.Now()
-		err := d.session(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		wait := bo.AfterSession(started)
-		d.Log.Warn("outbox dispatcher: retrying", zap.Error(err), zap.Duration("backoff", wait))
-		if !broker.Sleep(ctx, wait) {
-			return
-		}
-	}
+	broker.Reconnect{
+		Max: 30 * time.Second,
+		Ended: func(err error, wait time.Duration) {
+			d.Log.Warn("outbox dispatcher: retrying", zap.Error(err), zap.Duration("backoff", wait))
+		},
+	}.Run(ctx, d.session)
 }
 
 // Declare declares the notice exchange and queue. q.pay.notify is a quorum
