@@ -17,7 +17,8 @@
 // # One delivery, file by file
 //
 //   - consumer.go: Consumer.Run waits for MySQL (and Redis under CLOSED),
-//     runs sessions and reconnects; readiness and the dependency probes.
+//     runs sessions and reconnects (broker.Reconnect); readiness and the
+//     dependency probes.
 //   - session.go: session dials, declares the topology (topology.go),
 //     consumes q.pay.success and starts the workers; dispatch hands each
 //     delivery to one. On the way out it cancels the consumer, drains the
