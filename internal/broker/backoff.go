@@ -1,5 +1,6 @@
 // Package broker holds what every RabbitMQ user in paysvc shares: a
-// publisher with confirms and mandatory routing, and reconnect backoff.
+// publisher with confirms and mandatory routing, and the reconnect loop
+// with its backoff.
 package broker
 
 import (
@@ -38,7 +39,12 @@ const StableSession = time.Minute
 // session. Without it, a long-lived process's every reconnect would wait
 // the longest once enough short outages had added up.
 func (b *Backoff) AfterSession(started time.Time) time.Duration {
-	if time.Since(started) >= StableSession {
+	return b.afterLasting(time.Since(started))
+}
+
+// afterLasting is AfterSession for a session that lasted d.
+func (b *Backoff) afterLasting(d time.Duration) time.Duration {
+	if d >= StableSession {
 		b.Reset()
 	}
 	return b.Next()

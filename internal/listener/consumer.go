@@ -243,36 +243,43 @@ func (e *fatalError) Unwrap() error { return e.err }
 // fix, such as a topology that does not match, or when each of the first
 // loginAttempts sessions ends with the broker refusing the login.
 func (c *Consumer) Run(ctx context.Context) error {
-	bo := broker.Backoff{Max: c.cfg.MaxBackoff}
-	first, refusals := true, 0
-	for {
-		if err := c.waitDependencies(ctx, &bo); err != nil {
-			return nil // ctx is done
-		}
-		started := time.Now()
-		err := c.session(ctx)
-		c.setReady(false)
-		if ctx.Err() != nil {
-			return nil
-		}
-		var fatal *fatalError
-		if first && errors.As(err, &fatal) {
-			if !fatal.ambiguous {
-				return err
-			}
-			if refusals++; refusals == loginAttempts {
-				return fmt.Errorf("%w (%d times in a row: check amqp.url's user, password and vhost)", err, refusals)
-			}
-		} else {
-			first = false
-		}
-		c.m.Reconnects.WithLabelValues("consumer").Inc()
-		wait := bo.AfterSession(started)
-		c.log.Error("amqp session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
-		if !broker.Sleep(ctx, wait) {
-			return nil
-		}
+	start := startup{}
+	return broker.Reconnect{
+		Max:    c.cfg.MaxBackoff,
+		Before: c.waitDependencies,
+		Stop:   start.stop,
+		Ended: func(err error, wait time.Duration) {
+			c.m.Reconnects.WithLabelValues("consumer").Inc()
+			c.log.Error("amqp session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
+		},
+	}.Run(ctx, func(ctx context.Context) error {
+		defer c.setReady(false)
+		return c.session(ctx)
+	})
+}
+
+// startup follows the sessions until the first that does not end with a
+// fatalError: a fatal one among them stops Run.
+type startup struct {
+	done     bool // a session ended otherwise: fatal errors are retried
+	refusals int  // ambiguous refused logins in a row so far
+}
+
+// stop returns the error Run stops with after a session that ended with
+// err, or nil to reconnect.
+func (s *startup) stop(err error) error {
+	var fatal *fatalError
+	if s.done || !errors.As(err, &fatal) {
+		s.done = true
+		return nil
 	}
+	if !fatal.ambiguous {
+		return err
+	}
+	if s.refusals++; s.refusals == loginAttempts {
+		return fmt.Errorf("%w (%d times in a row: check amqp.url's user, password and vhost)", err, s.refusals)
+	}
+	return nil
 }
 
 // waitDependencies returns once MySQL answers, and Redis too under CLOSED.

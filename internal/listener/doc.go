@@ -17,7 +17,8 @@
 // # One delivery, file by file
 //
 //   - consumer.go: Consumer.Run waits for MySQL (and Redis under CLOSED),
-//     runs sessions and reconnects; readiness and the dependency probes.
+//     runs sessions and reconnects (broker.Reconnect); readiness and the
+//     dependency probes.
 //   - session.go: session reads as a connection's life: connect (the
 //     consuming connection and the copies' own), openConsumer (declare the
 //     topology, topology.go; QoS; consume q.pay.success), startWorkers,

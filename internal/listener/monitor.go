@@ -3,7 +3,6 @@ package listener
 import (
 	"context"
 	"crypto/tls"
-	"database/sql"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 	"github.com/paysvc/paysvc/internal/broker"
 	"github.com/paysvc/paysvc/internal/deadletter"
 	"github.com/paysvc/paysvc/internal/metrics"
+	"github.com/paysvc/paysvc/internal/outbox"
 )
 
 // Monitor samples queue depths (passive declares: no management plugin),
@@ -206,40 +206,13 @@ func (m *Monitor) pollDB(ctx context.Context) (newCount int, oldestNew time.Time
 	for class, n := range byClass {
 		m.Metrics.DeadLettersClass.WithLabelValues(class).Set(float64(n))
 	}
-	pending, age, err := outboxStats(ctx, m.DB)
+	backlog, err := outbox.Stats(ctx, m.DB)
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("outbox stats: %w", err)
 	}
-	m.Metrics.OutboxPending.Set(float64(pending))
-	m.Metrics.OutboxOldestAge.Set(age.Seconds())
+	m.Metrics.OutboxPending.Set(float64(backlog.Pending))
+	m.Metrics.OutboxOldestAge.Set(backlog.OldestAge.Seconds())
 	return newCount, oldestNew, nil
-}
-
-// outboxStats counts the notices not yet published and measures the
-// oldest's age (0 when none), on the database's clock. The count and the
-// oldest id come from idx_pending alone; the age is one row's, by its
-// primary key: a notice's id and create_time are both taken as it is
-// inserted, so the lowest pending id is the oldest pending notice.
-func outboxStats(ctx context.Context, db *sqlx.DB) (pending int, age time.Duration, err error) {
-	var s struct {
-		N      int           `db:"n"`
-		Oldest sql.NullInt64 `db:"oldest"`
-	}
-	if err := db.GetContext(ctx, &s, "SELECT COUNT(*) AS n, MIN(id) AS oldest FROM t_outbox WHERE status = 'PENDING'"); err != nil {
-		return 0, 0, err
-	}
-	if !s.Oldest.Valid {
-		return s.N, 0, nil
-	}
-	var micros sql.NullInt64
-	err = db.GetContext(ctx, &micros, "SELECT TIMESTAMPDIFF(MICROSECOND, create_time, NOW(3)) FROM t_outbox WHERE id = ? AND status = 'PENDING'", s.Oldest.Int64)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return s.N, 0, nil // published since: the next sample sees the next one
-	case err != nil:
-		return 0, 0, err
-	}
-	return s.N, max(time.Duration(micros.Int64)*time.Microsecond, 0), nil
 }
 
 // pollBroker samples the queues' depths and ages.

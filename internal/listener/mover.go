@@ -72,22 +72,15 @@ func (m *Mover) Run(ctx context.Context) {
 	if len(m.Delays) == 0 {
 		return
 	}
-	bo := broker.Backoff{Max: moverMaxBackoff}
-	for ctx.Err() == nil {
-		started := time.Now()
-		err := m.session(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if m.Metrics != nil {
-			m.Metrics.Reconnects.WithLabelValues("mover").Inc()
-		}
-		wait := bo.AfterSession(started)
-		m.Log.Warn("mover: session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
-		if !broker.Sleep(ctx, wait) {
-			return
-		}
-	}
+	broker.Reconnect{
+		Max: moverMaxBackoff,
+		Ended: func(err error, wait time.Duration) {
+			if m.Metrics != nil {
+				m.Metrics.Reconnects.WithLabelValues("mover").Inc()
+			}
+			m.Log.Warn("mover: session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
+		},
+	}.Run(ctx, m.session)
 }
 
 // session consumes every wait queue on one connection until ctx ends or the

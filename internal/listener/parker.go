@@ -73,19 +73,12 @@ const ClassUnparkable = "unparkable"
 
 // Run parks terminal messages until ctx ends, reconnecting with backoff.
 func (p *Parker) Run(ctx context.Context) {
-	bo := broker.Backoff{Max: parkerMaxBackoff}
-	for ctx.Err() == nil {
-		started := time.Now()
-		err := p.session(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		wait := bo.AfterSession(started)
-		p.Log.Warn("parker: session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
-		if !broker.Sleep(ctx, wait) {
-			return
-		}
-	}
+	broker.Reconnect{
+		Max: parkerMaxBackoff,
+		Ended: func(err error, wait time.Duration) {
+			p.Log.Warn("parker: session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
+		},
+	}.Run(ctx, p.session)
 }
 
 func (p *Parker) session(ctx context.Context) error {

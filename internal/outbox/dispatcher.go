@@ -1,10 +1,8 @@
 package outbox
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -85,19 +83,12 @@ func (d *Dispatcher) Offer(orderNos []string) {
 
 // Run publishes notices until ctx ends, reconnecting with backoff.
 func (d *Dispatcher) Run(ctx context.Context) {
-	bo := broker.Backoff{Max: 30 * time.Second}
-	for ctx.Err() == nil {
-		started := time.Now()
-		err := d.session(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		wait := bo.AfterSession(started)
-		d.Log.Warn("outbox dispatcher: retrying", zap.Error(err), zap.Duration("backoff", wait))
-		if !broker.Sleep(ctx, wait) {
-			return
-		}
-	}
+	broker.Reconnect{
+		Max: 30 * time.Second,
+		Ended: func(err error, wait time.Duration) {
+			d.Log.Warn("outbox dispatcher: retrying", zap.Error(err), zap.Duration("backoff", wait))
+		},
+	}.Run(ctx, d.session)
 }
 
 // Declare declares the notice exchange and queue. q.pay.notify is a quorum
@@ -127,142 +118,6 @@ func Declare(ch *amqp.Channel) error {
 		return fmt.Errorf("bind %s: %w", Queue, err)
 	}
 	return nil
-}
-
-func (d *Dispatcher) session(ctx context.Context) error {
-	conn, err := broker.Dial(d.URL, d.Name+" outbox", d.TLS)
-	if err != nil {
-		return err
-	}
-	defer broker.CloseConn(conn) // bounded: a blocked broker may never answer
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if err := Declare(ch); err != nil {
-		return err
-	}
-	ch.Close()
-	if d.Blocked != nil { // a new connection is not blocked; the gauge is this session's
-		d.Blocked.Set(0)
-		defer d.Blocked.Set(0)
-	}
-	blocking := broker.WatchBlocking(conn, func(active bool, reason string) {
-		if d.Blocked != nil {
-			d.Blocked.Set(0)
-			if active {
-				d.Blocked.Set(1)
-			}
-		}
-		if active {
-			d.Log.Warn("outbox dispatcher: the broker blocks publishing (resource alarm); notices wait until it clears",
-				zap.String("reason", reason))
-		}
-	})
-	defer blocking.Stop() // before the gauge's reset above
-	// What a stop leaves to finish (a batch taken, its reschedule, the
-	// marks) is not cut short by it, but all of it ends within stopBound.
-	finish, cancelFinish := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelFinish()
-	defer context.AfterFunc(ctx, func() { time.AfterFunc(stopBound, cancelFinish) })()
-	pub := broker.NewPublisher(conn, 10*time.Second)
-	defer pub.Close()
-	poll := time.NewTimer(0)
-	defer poll.Stop()
-	// The handed-over notices published and not marked yet. Every way out
-	// marks them first (bounded: the publishes are done).
-	var unmarked []int64
-	markDue := time.NewTimer(time.Hour)
-	markDue.Stop()
-	defer markDue.Stop()
-	flush := func() error {
-		markDue.Stop()
-		err := d.markSent(finish, unmarked)
-		unmarked = unmarked[:0]
-		return err
-	}
-	defer func() {
-		if err := flush(); err != nil {
-			d.Log.Warn("outbox dispatcher: notices sent, not marked; sent again after their lease", zap.Error(err))
-		}
-	}()
-	// A publish that failed because the broker blocks the connection: wait
-	// for the alarm to clear on this connection instead of dialing another,
-	// which the broker would block at its first publish too (and keep).
-	// The failed notices are sent again: from the poll, after their lease
-	// or their backoff.
-	blockedWait := func(err error) error {
-		if err == nil || !blocking.Blocked() || !(errors.Is(err, broker.ErrUnconfirmed) ||
-			errors.Is(err, broker.ErrNacked) || errors.Is(err, broker.ErrNoChannel)) {
-			return err
-		}
-		if err := flush(); err != nil { // the notices confirmed before: marked now, not sent again
-			return err
-		}
-		blocking.Wait(ctx)
-		return nil
-	}
-	delay := cmp.Or(d.MarkDelay, DefaultMarkDelay)
-	linger := time.NewTimer(time.Hour)
-	linger.Stop()
-	defer linger.Stop()
-	for {
-		if ctx.Err() != nil { // stopped: no new offer or poll is taken
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-markDue.C:
-			if err := flush(); err != nil {
-				return err
-			}
-		case nos := <-d.Handoff:
-			linger.Reset(cmp.Or(d.Linger, DefaultLinger))
-		collect:
-			for len(nos) < d.Batch {
-				select {
-				case next := <-d.Handoff:
-					nos = append(nos, next...)
-				case <-linger.C:
-					break collect
-				case <-ctx.Done():
-					break collect
-				}
-			}
-			linger.Stop()
-			// The batch is not cut short by ctx, only bounded: a stop
-			// publishes the notices taken instead of leaving them to their
-			// lease.
-			d.batches.Add(1)
-			sent, err := d.dispatchOffered(finish, pub, nos)
-			if len(unmarked) == 0 && len(sent) > 0 {
-				markDue.Reset(delay)
-			}
-			if unmarked = append(unmarked, sent...); len(unmarked) >= markMax {
-				if ferr := flush(); ferr != nil {
-					if err == nil {
-						err = ferr
-					} else { // the batch's own error is the one returned
-						d.Log.Warn("outbox dispatcher: notices sent, not marked; sent again after their lease", zap.Error(ferr))
-					}
-				}
-			}
-			if err := blockedWait(err); err != nil {
-				return err
-			}
-		case <-poll.C:
-			n, err := d.dispatchDue(ctx, finish, pub)
-			if err := blockedWait(err); err != nil {
-				return err
-			}
-			if n < d.Batch {
-				poll.Reset(d.Interval)
-			} else {
-				poll.Reset(0)
-			}
-		}
-	}
 }
 
 // dispatchOffered publishes the pending notices of the offered order
