@@ -28,6 +28,9 @@ type largeOptions struct {
 	openSeconds  int
 	kinds, dbs   string // comma-separated filters: paysvc,ref,batched; small,large
 	mixes        string // uniform,hot
+	// trace is paysvc's tracing in the drains: a sample ratio, its spans
+	// exported to a local receiver that discards them, or off.
+	trace string
 }
 
 // wants says whether the filter list (empty: everything) names x.
@@ -531,6 +534,17 @@ func large(ctx context.Context, o *options, lo largeOptions) error {
 		if err := s.canDraw(lo.n, lo.hotShare); err != nil {
 			return err
 		}
+	}
+	if modes, err := traceModes(lo.trace); err != nil || len(modes) != 1 {
+		return fmt.Errorf("-large-trace: want off or one sample ratio from 0 to 1, got %q", lo.trace)
+	}
+	if lo.trace != "off" {
+		sink := newSpanSink()
+		defer func() {
+			say(fmt.Sprintf("paysvc's tracing at %s: %d spans in %d requests received", lo.trace, sink.spans.Load(), sink.requests.Load()))
+			sink.Close()
+		}()
+		o.paysvcEnv = append(slices.Clone(o.paysvcEnv), "PAYSVC_TRACE_OTLPENDPOINT="+sink.URL, "PAYSVC_TRACE_SAMPLERATIO="+lo.trace)
 	}
 	var dbs []seeded
 	for _, s := range []shape{lo.small, lo.large} {

@@ -125,6 +125,7 @@ func main() {
 	flag.StringVar(&lo.kinds, "large-kinds", "", "-only large: only these consumers (comma-separated: paysvc, ref, batched; default all)")
 	flag.StringVar(&lo.mixes, "large-mixes", "", "-only large: only these mixes (uniform, hot; default both)")
 	flag.StringVar(&lo.dbs, "large-dbs", "", "-only large: only these databases (small, large; default both)")
+	flag.StringVar(&lo.trace, "large-trace", "0.01", "-only large: paysvc's trace.sampleRatio in the drains, its spans exported to a local receiver that discards them (off: no export)")
 	largeDrop := flag.Bool("large-drop", false, "drop the databases -only large seeded, and exit")
 	flag.Parse()
 	mysql.SetLogger(log.New(io.Discard, "", 0))
