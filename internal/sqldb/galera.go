@@ -64,11 +64,10 @@ func NodeReady(ctx context.Context, db *sql.DB) error {
 		if !ok || !kc.galera {
 			return nil
 		}
-		if err := nodeReady(ctx, kc.inner); err != nil {
+		if err := kc.checkNode(ctx); err != nil {
 			kc.refused.Store(true) // not taken from the pool again: a redial may reach a Synced node
 			return fmt.Errorf("%s: %w", kc.thread.server, err)
 		}
-		kc.checked = time.Now()
 		return nil
 	})
 }

@@ -54,8 +54,7 @@ func (k killingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	}
 	kc := &killingConn{inner: c, thread: th, connector: k}
 	if kc.galera, err = isGalera(ctx, c); err == nil && kc.galera {
-		err = nodeReady(ctx, c)
-		kc.checked = time.Now()
+		err = kc.checkNode(ctx)
 	}
 	if err != nil {
 		c.Close()
@@ -331,11 +330,20 @@ func (c *killingConn) ResetSession(ctx context.Context) error {
 		return err
 	}
 	if c.galera && time.Since(c.checked) >= nodeRecheck {
-		if nodeReady(ctx, c.inner) != nil {
+		if c.checkNode(ctx) != nil {
 			return driver.ErrBadConn // closed; database/sql takes or dials another
 		}
-		c.checked = time.Now()
 	}
+	return nil
+}
+
+// checkNode reads the state of c's Galera node: nil, and the time noted,
+// when it is Synced and ready; else why not (ErrNodeNotReady).
+func (c *killingConn) checkNode(ctx context.Context) error {
+	if err := nodeReady(ctx, c.inner); err != nil {
+		return err
+	}
+	c.checked = time.Now()
 	return nil
 }
 
